@@ -1,0 +1,55 @@
+"""Every error dibs raises, under one root.
+
+::
+
+    DibsError
+    ├── InvalidArgument     (also a ValueError) the call was wrong; nothing was written
+    ├── InTransaction       claim() was handed a connection with an open transaction
+    ├── Busy                SQLite stayed locked past its busy timeout
+    └── LeaseLost           the lease was taken over or finished; the write changed nothing
+
+    DibsWarning             (a UserWarning)
+    └── FallbackWarning     the server is too old for the fast path; a slower correct one is used
+
+Backend errors that dibs understands are translated at one boundary into these, with the driver's
+exception kept as ``__cause__``. Errors dibs does not understand pass through unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DibsError(Exception):
+    """The root of every error dibs raises."""
+
+
+class InvalidArgument(DibsError, ValueError):
+    """A call had a bad argument. Nothing was written."""
+
+
+class InTransaction(DibsError):
+    """claim() was called on a connection that is inside a transaction. Nothing was written."""
+
+
+class Busy(DibsError):
+    """SQLite was still locked by another writer when its busy timeout ran out. Nothing was claimed."""
+
+
+class LeaseLost(DibsError):
+    """A write presented a lease that is no longer held: it was taken over, released or finished.
+
+    The write changed nothing. The holder must stop working on the row: another worker owns it now.
+    """
+
+    def __init__(self, message: str, *, leases: tuple[Any, ...] = ()) -> None:
+        super().__init__(message)
+        self.leases = leases
+
+
+class DibsWarning(UserWarning):
+    """The root of every warning dibs emits."""
+
+
+class FallbackWarning(DibsWarning):
+    """The database is too old for the fast path, so a slower strategy with the same guarantees is used."""

@@ -1,0 +1,221 @@
+"""claim and aclaim: atomically find up to n rows matching a predicate, change them, and return them.
+
+On every backend: no row is returned to two callers for the same eligibility; at most ``limit`` rows
+are claimed per call; the returned rows are the rows as stored after ``set``, in ``order_by`` order;
+a lost race is a skip, not an error. The claim commits before it returns, so every other worker sees
+it at once; that is why it needs an Engine, or a Connection with no transaction open.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.sql import ClauseElement, ColumnElement
+
+from dibs._errors import InTransaction, InvalidArgument
+from dibs.dialects import ClaimRequest, backend_for, strategy_for
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+    from dibs.dialects.base import Then
+
+Criteria = ColumnElement[bool] | sa.TextClause | Iterable[ColumnElement[bool]] | None
+Ordering = ColumnElement[Any] | str | Iterable[ColumnElement[Any] | str]
+
+
+def claim(
+    bind: Engine | Connection,
+    table: Any,
+    *,
+    where: Criteria = None,
+    set: Mapping[Any, Any] | None = None,
+    limit: int = 1,
+    order_by: Ordering = (),
+    delete: bool = False,
+    then: Then | None = None,
+    strategy: str | None = None,
+) -> list[Row[Any]]:
+    """Claim up to ``limit`` rows of ``table`` matching ``where``; no row is ever returned to two callers."""
+    request = claim_request(table, where=where, values=set, limit=limit, order_by=order_by, delete=delete, then=then)
+    if isinstance(bind, Engine):
+        if request.limit <= 0:
+            return []
+        with bind.connect() as conn:
+            return claim_on_connection(conn, request, strategy)
+    if isinstance(bind, Connection):
+        refuse_open_transaction(bind.in_transaction(), "claim")
+        return claim_on_connection(bind, request, strategy)
+    raise InvalidArgument(
+        f"claim() needs a SQLAlchemy Engine or Connection, got {type(bind).__name__}; "
+        "for an AsyncEngine or AsyncConnection use aclaim()"
+    )
+
+
+async def aclaim(
+    bind: AsyncEngine | AsyncConnection,
+    table: Any,
+    *,
+    where: Criteria = None,
+    set: Mapping[Any, Any] | None = None,
+    limit: int = 1,
+    order_by: Ordering = (),
+    delete: bool = False,
+    then: Then | None = None,
+    strategy: str | None = None,
+) -> list[Row[Any]]:
+    """claim() for asyncio: the same statements and guarantees on an AsyncEngine or AsyncConnection.
+
+    ``then`` is a plain function here too: it runs inside the claim's transaction with the synchronous
+    face of the connection, so it can execute statements without awaiting.
+    """
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+    request = claim_request(table, where=where, values=set, limit=limit, order_by=order_by, delete=delete, then=then)
+    if isinstance(bind, AsyncEngine):
+        if request.limit <= 0:
+            return []
+        async with bind.connect() as conn:
+            return await conn.run_sync(claim_on_connection, request, strategy)
+    if isinstance(bind, AsyncConnection):
+        refuse_open_transaction(bind.in_transaction(), "aclaim")
+        return await bind.run_sync(claim_on_connection, request, strategy)
+    raise InvalidArgument(
+        f"aclaim() needs a SQLAlchemy AsyncEngine or AsyncConnection, got {type(bind).__name__}; "
+        "for an Engine or Connection use claim()"
+    )
+
+
+def claim_on_connection(conn: Connection, request: ClaimRequest, strategy: str | None = None) -> list[Row[Any]]:
+    """Run a validated claim on a connection with no open transaction, translating backend errors."""
+    if request.limit <= 0:
+        return []
+    chosen = strategy_for(conn.dialect, strategy)
+    try:
+        return chosen.claim(conn, request)
+    except sa.exc.DBAPIError as exc:
+        translated = backend_for(conn.dialect).translate(exc)
+        if translated is None:
+            raise
+        raise translated from exc
+
+
+def refuse_open_transaction(in_transaction: bool, caller: str) -> None:
+    if in_transaction:
+        raise InTransaction(
+            f"{caller}() was called inside an open transaction on this connection; a claim commits on its "
+            "own so that other workers see it at once. Call it on an Engine or on a connection with no "
+            "transaction (commit or roll back first), and use then= to run more statements atomically "
+            "with the claim."
+        )
+
+
+def resolve_table(table: Any) -> sa.Table:
+    """A Table from a Table or an ORM mapped class, with a primary key."""
+    resolved: Any = table
+    if not isinstance(table, sa.Table):
+        inspected = sa.inspect(table, raiseerr=False)
+        resolved = getattr(inspected, "local_table", None)
+    if not isinstance(resolved, sa.Table):
+        raise InvalidArgument(
+            f"expected a SQLAlchemy Table or an ORM mapped class, got {table!r}; pass the Table object "
+            "(metadata.tables['name']) or the mapped class"
+        )
+    if not resolved.primary_key.columns:
+        raise InvalidArgument(
+            f"table {resolved.name!r} has no primary key; dibs tells rows apart by it. Declare one "
+            "(primary_key=True on the identifying columns) in the Table definition."
+        )
+    return resolved
+
+
+def column_of(table: sa.Table, column: Any, purpose: str) -> sa.Column[Any]:
+    """The column of ``table`` named or given by ``column``, or a clear error."""
+    if hasattr(column, "__clause_element__"):  # an ORM attribute such as Job.status
+        column = column.__clause_element__()
+    if isinstance(column, str):
+        found = table.c.get(column)
+        if found is not None:
+            return found
+    elif isinstance(column, sa.Column) and column.table is table:
+        return column
+    elif isinstance(column, ColumnElement):
+        found = table.c.get(getattr(column, "key", ""))
+        if found is not None and column.compare(found):
+            return found
+    known = ", ".join(sorted(table.c.keys()))
+    raise InvalidArgument(
+        f"{purpose} names {column!r}, which is not a column of table {table.name!r}; its columns are: {known}"
+    )
+
+
+def claim_request(
+    table: Any,
+    *,
+    where: Criteria,
+    values: Mapping[Any, Any] | None,
+    limit: Any,
+    order_by: Ordering,
+    delete: bool,
+    then: Then | None,
+) -> ClaimRequest:
+    """Check every argument of a claim and build the request; raises InvalidArgument before any I/O."""
+    resolved = resolve_table(table)
+    if isinstance(limit, bool) or not hasattr(limit, "__index__"):
+        raise InvalidArgument(f"limit must be a whole number of rows, got {limit!r}")
+    count = operator.index(limit)
+    if delete and values:
+        raise InvalidArgument("claim() takes either set= (claim by updating) or delete=True, not both")
+    if not delete and not values:
+        raise InvalidArgument(
+            "claim() needs set= with the change that marks rows as claimed (for example "
+            "{'status': 'running'}), so that the next claim skips them; or delete=True to claim by deleting"
+        )
+    if then is not None and not callable(then):
+        raise InvalidArgument(f"then must be a callable taking (connection, rows), got {then!r}")
+    return ClaimRequest(
+        table=resolved,
+        where=_criteria(where),
+        values={column_of(resolved, key, "set").name: value for key, value in (values or {}).items()},
+        limit=count,
+        order_by=_ordering(resolved, order_by),
+        delete=bool(delete),
+        then=then,
+    )
+
+
+def _criteria(where: Criteria) -> ColumnElement[bool] | None:
+    if where is None:
+        return None
+    if isinstance(where, str):
+        raise InvalidArgument(
+            "where must be a SQL expression such as table.c.status == 'ready'; "
+            "wrap raw SQL in sqlalchemy.text() if you must"
+        )
+    if isinstance(where, ClauseElement):
+        return sa.and_(where)
+    parts = list(where)
+    for part in parts:
+        if not isinstance(part, ClauseElement):
+            raise InvalidArgument(f"where must hold SQL expressions, got {part!r}")
+    return sa.and_(*parts) if parts else None
+
+
+def _ordering(table: sa.Table, order_by: Ordering) -> tuple[ColumnElement[Any], ...]:
+    single = isinstance(order_by, (str, ClauseElement)) or hasattr(order_by, "__clause_element__")
+    items: Iterable[Any] = [order_by] if single else order_by
+    ordering: list[ColumnElement[Any]] = []
+    for item in items:
+        if hasattr(item, "__clause_element__"):
+            item = item.__clause_element__()
+        if isinstance(item, str):
+            ordering.append(column_of(table, item, "order_by"))
+        elif isinstance(item, ColumnElement):
+            ordering.append(item)
+        else:
+            raise InvalidArgument(f"order_by must hold column names or SQL expressions, got {item!r}")
+    return tuple(ordering)

@@ -1,0 +1,74 @@
+"""The databases, drivers and claim strategies every conformance test runs against.
+
+A *target* is one backend x driver x strategy. Server URLs come from the environment (the defaults are
+the services on loopback); each test session works in a database of its own and drops it at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+
+POSTGRES_URL = os.environ.get("DIBS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+MARIADB_URL = os.environ.get("DIBS_TEST_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One way of reaching one database: the family, the driver, sync or async, and the claim strategy."""
+
+    family: str  # postgresql, sqlite, mariadb
+    driver: str  # the SQLAlchemy "dialect+driver" name
+    is_async: bool
+    strategy: str | None = None  # None: the backend's native strategy
+    memory: bool = False  # SQLite :memory:, one shared connection
+
+    @property
+    def id(self) -> str:
+        where = "memory" if self.memory else self.driver.split("+")[1]
+        return f"{self.family}-{where}{'-async' if self.is_async else ''}-{self.strategy or 'native'}"
+
+    @property
+    def sync_driver(self) -> str:
+        return {"postgresql": "postgresql+psycopg", "mariadb": "mysql+pymysql", "sqlite": "sqlite+pysqlite"}[
+            self.family
+        ]
+
+    @property
+    def orders_nulls(self) -> bool:
+        """Whether ORDER BY takes NULLS FIRST / NULLS LAST (MySQL and MariaDB do not)."""
+        return self.family != "mariadb"
+
+    @property
+    def shared_across_processes(self) -> bool:
+        return not self.memory
+
+
+def _targets() -> list[Target]:
+    found = []
+    for strategy in (None, "portable"):
+        found += [
+            Target("postgresql", "postgresql+psycopg", False, strategy),
+            Target("postgresql", "postgresql+psycopg", True, strategy),
+            Target("postgresql", "postgresql+asyncpg", True, strategy),
+            Target("mariadb", "mysql+pymysql", False, strategy),
+            Target("mariadb", "mysql+asyncmy", True, strategy),
+        ]
+    for strategy in (None, "sqlite-legacy", "portable"):
+        found += [
+            Target("sqlite", "sqlite+pysqlite", False, strategy),
+            Target("sqlite", "sqlite+pysqlite", False, strategy, memory=True),
+            Target("sqlite", "sqlite+aiosqlite", True, strategy),
+        ]
+    return found
+
+
+TARGETS = _targets()
+
+
+def with_driver(url: str | sa.URL, driver: str) -> sa.URL:
+    """The same database reached through another driver."""
+    return sa.make_url(url).set(drivername=driver)
