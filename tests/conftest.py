@@ -18,9 +18,10 @@ _table_numbers = itertools.count()
 
 
 def _unreachable(name: str, url: str, env: str, exc: Exception) -> None:
+    where = sa.make_url(url).render_as_string(hide_password=True)
     message = (
-        f"{name} is not reachable at {sa.make_url(url).render_as_string(hide_password=True)} ({exc.__class__.__name__}: "
-        f"{str(exc).splitlines()[0]}). Start it, or point {env} at one; scripts/test starts a throwaway server "
+        f"{name} is not reachable at {where} ({exc.__class__.__name__}: {str(exc).splitlines()[0]}). "
+        f"Start it, or point {env} at one; scripts/test starts a throwaway server "
         "when none is running."
     )
     if IN_CI:

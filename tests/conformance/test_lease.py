@@ -1,0 +1,144 @@
+"""Fenced leases (DESIGN section 2), on every backend x driver x strategy."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import sqlalchemy as sa
+
+import dibs
+from tests.conformance.tables import fill, leased_columns
+from tests.harness import Harness
+
+
+def make_leased(db: Harness, count: int) -> tuple[sa.Table, dibs.Leases]:
+    table = db.table("leased", *leased_columns())
+    db.execute(table.insert(), fill(table, count, payload=lambda i: f"p{i}"))
+    return table, db.leases(table)
+
+
+def database_now(db: Harness) -> datetime:
+    """The database's clock (the application's, on SQLite, which runs in-process)."""
+    if db.family == "sqlite":
+        return datetime.now(timezone.utc)
+    query = "SELECT now()" if db.family == "postgresql" else "SELECT UTC_TIMESTAMP(6)"
+    moment = db.scalar(sa.text(query))
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def test_claim_sets_owner_token_attempts_and_an_expiry_on_the_database_clock(db: Harness) -> None:
+    _, leases = make_leased(db, 3)
+    before = database_now(db)
+    held = db.lease(leases, "claim", owner="worker-1", duration=timedelta(seconds=30), limit=2, order_by="id")
+    after = database_now(db)
+    assert [lease.key for lease in held] == [(1,), (2,)]
+    for lease in held:
+        assert (lease.owner, lease.token) == ("worker-1", 1)
+        assert (lease.row.status, lease.row.lease_owner, lease.row.attempts) == ("running", "worker-1", 1)
+        assert before + timedelta(seconds=29) <= lease.expires_at <= after + timedelta(seconds=31)
+    # Nothing else is eligible while the leases are live and the third row is the only ready one.
+    more = db.lease(leases, "claim", owner="worker-2", duration=30, limit=5)
+    assert [lease.key for lease in more] == [(3,)]
+    assert db.lease(leases, "claim", owner="worker-2", duration=30, limit=5) == []
+
+
+def test_an_expired_lease_is_claimed_again_with_a_new_token(db: Harness) -> None:
+    _, leases = make_leased(db, 1)
+    (first,) = db.lease(leases, "claim", owner="worker-1", duration=0.3)
+    assert db.lease(leases, "claim", owner="worker-2", duration=30) == []
+    time.sleep(0.5)
+    (second,) = db.lease(leases, "claim", owner="worker-2", duration=30)
+    assert second.key == first.key
+    assert second.token == first.token + 1
+    assert (second.row.lease_owner, second.row.attempts) == ("worker-2", 2)
+
+
+def test_a_stale_holder_changes_nothing_and_learns_it_lost_the_lease(db: Harness) -> None:
+    table, leases = make_leased(db, 1)
+    (stale,) = db.lease(leases, "claim", owner="worker-1", duration=30)
+    db.execute(sa.update(table).values(lease_expires_at=datetime(2000, 1, 1)))  # the lease runs out
+    (current,) = db.lease(leases, "claim", owner="worker-2", duration=30)
+
+    for action, extra in (("complete", {}), ("fail", {}), ("release", {}), ("renew", {"duration": 60})):
+        args = (stale, extra["duration"]) if extra else (stale,)
+        with pytest.raises(dibs.LeaseLost, match="no longer held") as lost:
+            db.lease(leases, action, *args)
+        assert lost.value.leases == (stale,)
+    row = db.rows(sa.select(table))[0]
+    assert (row.status, row.lease_owner, row.lease_token) == ("running", "worker-2", current.token)
+    # The current holder still can.
+    db.lease(leases, "complete", current, set={"payload": "finished by worker-2"})
+    row = db.rows(sa.select(table))[0]
+    assert (row.status, row.payload) == ("done", "finished by worker-2")
+
+
+def test_renew_extends_the_lease_on_the_database_clock(db: Harness) -> None:
+    table, leases = make_leased(db, 1)
+    (lease,) = db.lease(leases, "claim", owner="worker-1", duration=0.3)
+    db.lease(leases, "renew", lease, timedelta(minutes=10))
+    expires = db.scalar(sa.select(table.c.lease_expires_at))
+    expires = expires if expires.tzinfo else expires.replace(tzinfo=timezone.utc)
+    assert expires >= database_now(db) + timedelta(minutes=9)
+    time.sleep(0.5)  # past the first expiry: the renewed lease still holds
+    assert db.lease(leases, "claim", owner="worker-2", duration=30) == []
+    db.lease(leases, "complete", lease)
+
+
+def test_complete_and_fail_many_in_one_statement_report_the_lost(db: Harness) -> None:
+    table, leases = make_leased(db, 6)
+    held = db.lease(leases, "claim", owner="worker-1", duration=30, limit=6, order_by="id")
+    db.execute(sa.update(table).where(table.c.id == 2).values(lease_expires_at=datetime(2000, 1, 1)))
+    (taken_over,) = db.lease(leases, "claim", owner="worker-2", duration=30)
+    assert taken_over.key == (2,)
+
+    lost = db.lease(leases, "complete_many", held[:3], set={"payload": "ok"})
+    assert lost == [held[1]]
+    lost = db.lease(leases, "fail_many", held[3:], set={"payload": "boom"})
+    assert lost == []
+    states = {row.id: (row.status, row.payload) for row in db.rows(sa.select(table))}
+    assert states == {
+        1: ("done", "ok"),
+        2: ("running", "p2"),
+        3: ("done", "ok"),
+        4: ("failed", "boom"),
+        5: ("failed", "boom"),
+        6: ("failed", "boom"),
+    }
+    assert db.lease(leases, "complete_many", []) == []
+
+
+def test_release_makes_the_row_ready_at_once_and_uncounts_the_attempt(db: Harness) -> None:
+    table, leases = make_leased(db, 3)
+    held = db.lease(leases, "claim", owner="worker-1", duration=300, limit=3, order_by="id")
+    db.lease(leases, "release", held[0])
+    assert db.lease(leases, "release_many", held[1:]) == []
+    rows = db.rows(sa.select(table).order_by(table.c.id))
+    assert [(row.status, row.attempts, row.lease_expires_at) for row in rows] == [("ready", 0, None)] * 3
+    again = db.lease(leases, "claim", owner="worker-2", duration=30, limit=3, order_by="id")
+    assert [lease.token for lease in again] == [2, 2, 2]
+    with pytest.raises(dibs.LeaseLost):
+        db.lease(leases, "complete", held[0])
+
+
+def test_renew_many_reports_the_lost(db: Harness) -> None:
+    _, leases = make_leased(db, 2)
+    held = db.lease(leases, "claim", owner="worker-1", duration=30, limit=2, order_by="id")
+    db.lease(leases, "complete", held[0])
+    assert db.lease(leases, "renew_many", held, 60) == [held[0]]
+
+
+def test_lease_claim_takes_criteria_order_and_extra_values(db: Harness) -> None:
+    table, leases = make_leased(db, 5)
+    held = db.lease(
+        leases,
+        "claim",
+        owner="worker-1",
+        duration=30,
+        where=table.c.id > 2,
+        order_by=table.c.id.desc(),
+        limit=2,
+        set={"payload": "picked"},
+    )
+    assert [(lease.key, lease.row.payload) for lease in held] == [((5,), "picked"), ((4,), "picked")]
