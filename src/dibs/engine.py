@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from dibs._errors import InvalidArgument
-from dibs.dialects import backend_for
+from dibs.dialects import backend_for, backend_named
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 def create_engine(url: str | sa.URL, **options: Any) -> Engine:
     """A SQLAlchemy Engine for ``url``, tuned for claiming (on SQLite: WAL, a busy timeout)."""
-    engine = sa.create_engine(_checked(url), **options)
+    checked = _checked(url)
+    engine = sa.create_engine(checked, **backend_named(checked.get_backend_name()).engine_options(options))
     backend_for(engine.dialect).configure(engine)
     return engine
 
@@ -25,7 +26,8 @@ def create_async_engine(url: str | sa.URL, **options: Any) -> AsyncEngine:
     """An asyncio Engine for ``url`` (an async driver, such as postgresql+psycopg or sqlite+aiosqlite)."""
     from sqlalchemy.ext.asyncio import create_async_engine as create
 
-    engine = create(_checked(url), **options)
+    checked = _checked(url)
+    engine = create(checked, **backend_named(checked.get_backend_name()).engine_options(options))
     backend_for(engine.dialect).configure(engine.sync_engine)
     return engine
 

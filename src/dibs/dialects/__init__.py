@@ -18,7 +18,7 @@ from dibs.dialects.portable import Generic, PortableClaim
 from dibs.dialects.postgresql import MATERIALIZED_SINCE, PostgreSQL, PostgreSQLClaim
 from dibs.dialects.sqlite import SQLite, SQLiteClaim
 
-__all__ = ["STRATEGIES", "Backend", "ClaimRequest", "ClaimStrategy", "backend_for", "strategy_for"]
+__all__ = ["STRATEGIES", "Backend", "ClaimRequest", "ClaimStrategy", "backend_for", "backend_named", "strategy_for"]
 
 _BACKENDS: dict[str, Backend] = {
     "postgresql": PostgreSQL(),
@@ -42,7 +42,12 @@ _chosen: WeakKeyDictionary[Dialect, dict[str | None, ClaimStrategy]] = WeakKeyDi
 
 def backend_for(dialect: Dialect) -> Backend:
     """The backend for a SQLAlchemy dialect; dialects dibs has no module for get the generic one."""
-    return _BACKENDS.get(dialect.name, _GENERIC)
+    return backend_named(dialect.name)
+
+
+def backend_named(name: str) -> Backend:
+    """The backend for a dialect name such as ``"postgresql"`` (a URL's backend name)."""
+    return _BACKENDS.get(name, _GENERIC)
 
 
 def strategy_for(dialect: Dialect, name: str | None = None) -> ClaimStrategy:

@@ -76,6 +76,10 @@ class Backend(Protocol):
         """A dibs error for a driver error dibs understands, else None."""
         ...
 
+    def engine_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """The options for an engine dibs creates, with this backend's defaults added."""
+        ...
+
     def configure(self, engine: Engine) -> None:
         """Tune an engine dibs creates (never one the caller built) for many concurrent claimers."""
         ...

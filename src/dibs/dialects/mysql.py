@@ -108,5 +108,8 @@ class MySQL:
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         return None
 
+    def engine_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        return options
+
     def configure(self, engine: Engine) -> None:
         return None

@@ -104,5 +104,8 @@ class Generic:
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         return None
 
+    def engine_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        return options
+
     def configure(self, engine: Engine) -> None:
         return None

@@ -29,7 +29,7 @@ from dibs.dialects.base import ClaimRequest, ClaimStrategy, in_key_order, key_fi
 from dibs.dialects.portable import app_now
 
 RETURNING_SINCE = (3, 35)
-BUSY_TIMEOUT_MS = 10_000
+BUSY_TIMEOUT_SECONDS = 10.0
 _BUSY_CODES = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED (primary result codes)
 
 
@@ -112,19 +112,23 @@ class SQLite:
         if isinstance(exc, sa.exc.OperationalError) and busy:
             return Busy(
                 "SQLite stayed locked by another writer past its busy timeout; nothing was claimed. "
-                "Retry, raise the timeout (dibs.create_engine sets PRAGMA busy_timeout), or move the "
+                "Retry, raise the timeout (connect_args={'timeout': seconds}), or move the "
                 "workload to PostgreSQL."
             )
         return None
 
+    def engine_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        """Wait up to ten seconds for another writer unless the caller set its own ``timeout``."""
+        connect_args = {"timeout": BUSY_TIMEOUT_SECONDS, **options.get("connect_args", {})}
+        return {**options, "connect_args": connect_args}
+
     def configure(self, engine: Engine) -> None:
-        """WAL (readers never block the writer), a busy timeout, and fsync at checkpoints only."""
+        """WAL (readers never block the writer) and fsync at checkpoints only."""
 
         @event.listens_for(engine, "connect")
         def _tune(dbapi_connection: Any, _record: Any) -> None:
             cursor = dbapi_connection.cursor()
             try:
-                cursor.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
                 cursor.execute("PRAGMA journal_mode = WAL")
                 cursor.execute("PRAGMA synchronous = NORMAL")
             finally:
