@@ -1,8 +1,8 @@
 """A demonstration on the embedded SQLite default: worker processes share one table through fenced leases.
 
 Run with ``python -m dibs.demo``. Four worker processes lease batches of tasks, work on them, and
-complete or fail them. One worker crashes in the middle of a batch; its leases expire and the others
-take those tasks over. At the end the demo checks, from every worker's own record, that no task was
+complete or fail them. One worker crashes holding a batch; its leases expire and the others take those
+tasks over. At the end the demo checks, from every worker's own record, that no task was
 worked on by two workers at once and that none was lost.
 """
 
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     with engine.begin() as conn:
         conn.execute(table.insert(), [{"id": i, "size": rng.randint(10, 90)} for i in range(1, options.tasks + 1)])
     print(f"dibs demo: {options.tasks} tasks in {path}, {options.workers} worker processes, leases of {LEASE_SECONDS}s")
-    print("worker 0 will crash in the middle of its third batch; its tasks come back when its leases expire\n")
+    print(f"worker 0 crashes holding its first batch of {BATCH}; those tasks come back when its leases expire\n")
 
     started = time.monotonic()
     context = multiprocessing.get_context("spawn")
@@ -94,10 +94,13 @@ def main(argv: list[str] | None = None) -> int:
     for log in logs:
         log.unlink(missing_ok=True)
     workers = [
-        context.Process(target=work, args=(url, worker, 2 if worker == 0 else None, logs[worker]))
+        context.Process(target=work, args=(url, worker, 0 if worker == 0 else None, logs[worker]))
         for worker in range(options.workers)
     ]
-    for process in workers:
+    crashing, *others = workers
+    crashing.start()
+    crashing.join()
+    for process in others:
         process.start()
     while any(process.is_alive() for process in workers):
         _progress(engine, table, options.tasks, time.monotonic() - started)
