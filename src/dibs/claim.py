@@ -42,11 +42,16 @@ def claim(
 ) -> list[Row[Any]]:
     """Claim up to ``limit`` rows of ``table`` matching ``where``; no row is ever returned to two callers."""
     request = claim_request(table, where=where, values=set, limit=limit, order_by=order_by, delete=delete, then=then)
+    return run_claim(bind, request, strategy)
+
+
+def run_claim(bind: Engine | Connection, request: ClaimRequest, strategy: str | None = None) -> list[Row[Any]]:
+    """Run a validated claim on an Engine, or a Connection with no open transaction."""
     if isinstance(bind, Engine):
         if request.limit <= 0:
             return []
         with bind.connect() as conn:
-            return claim_on_connection(conn, request, strategy)
+            return claim_on_connection(conn, request, strategy, owned=True)
     if isinstance(bind, Connection):
         refuse_open_transaction(bind.in_transaction(), "claim")
         return claim_on_connection(bind, request, strategy)
@@ -73,14 +78,21 @@ async def aclaim(
     ``then`` is a plain function here too: it runs inside the claim's transaction with the synchronous
     face of the connection, so it can execute statements without awaiting.
     """
+    request = claim_request(table, where=where, values=set, limit=limit, order_by=order_by, delete=delete, then=then)
+    return await arun_claim(bind, request, strategy)
+
+
+async def arun_claim(
+    bind: AsyncEngine | AsyncConnection, request: ClaimRequest, strategy: str | None = None
+) -> list[Row[Any]]:
+    """Run a validated claim on an AsyncEngine, or an AsyncConnection with no open transaction."""
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-    request = claim_request(table, where=where, values=set, limit=limit, order_by=order_by, delete=delete, then=then)
     if isinstance(bind, AsyncEngine):
         if request.limit <= 0:
             return []
         async with bind.connect() as conn:
-            return await conn.run_sync(claim_on_connection, request, strategy)
+            return await conn.run_sync(claim_on_connection, request, strategy, owned=True)
     if isinstance(bind, AsyncConnection):
         refuse_open_transaction(bind.in_transaction(), "aclaim")
         return await bind.run_sync(claim_on_connection, request, strategy)
@@ -90,11 +102,19 @@ async def aclaim(
     )
 
 
-def claim_on_connection(conn: Connection, request: ClaimRequest, strategy: str | None = None) -> list[Row[Any]]:
-    """Run a validated claim on a connection with no open transaction, translating backend errors."""
+def claim_on_connection(
+    conn: Connection, request: ClaimRequest, strategy: str | None = None, *, owned: bool = False
+) -> list[Row[Any]]:
+    """Run a validated claim on a connection with no open transaction, translating backend errors.
+
+    ``owned``: dibs checked the connection out itself, so it may set the connection's options.
+    """
     if request.limit <= 0:
         return []
     chosen = strategy_for(conn.dialect, strategy)
+    if owned and chosen.single_statement and request.then is None:
+        # One statement is atomic on its own: without BEGIN and COMMIT it costs one round trip, not three.
+        conn.execution_options(isolation_level="AUTOCOMMIT")
     try:
         return chosen.claim(conn, request)
     except sa.exc.DBAPIError as exc:
@@ -165,9 +185,7 @@ def claim_request(
 ) -> ClaimRequest:
     """Check every argument of a claim and build the request; raises InvalidArgument before any I/O."""
     resolved = resolve_table(table)
-    if isinstance(limit, bool) or not hasattr(limit, "__index__"):
-        raise InvalidArgument(f"limit must be a whole number of rows, got {limit!r}")
-    count = operator.index(limit)
+    count = whole_number(limit)
     if delete and values:
         raise InvalidArgument("claim() takes either set= (claim by updating) or delete=True, not both")
     if not delete and not values:
@@ -182,10 +200,17 @@ def claim_request(
         where=_criteria(where),
         values={column_of(resolved, key, "set").name: value for key, value in (values or {}).items()},
         limit=count,
-        order_by=_ordering(resolved, order_by),
+        order_by=ordering(resolved, order_by),
         delete=bool(delete),
         then=then,
     )
+
+
+def whole_number(limit: Any) -> int:
+    """A claim limit as an int, or InvalidArgument."""
+    if isinstance(limit, bool) or not hasattr(limit, "__index__"):
+        raise InvalidArgument(f"limit must be a whole number of rows, got {limit!r}")
+    return operator.index(limit)
 
 
 def _criteria(where: Criteria) -> ColumnElement[bool] | None:
@@ -205,7 +230,7 @@ def _criteria(where: Criteria) -> ColumnElement[bool] | None:
     return sa.and_(*parts) if parts else None
 
 
-def _ordering(table: sa.Table, order_by: Ordering) -> tuple[ColumnElement[Any], ...]:
+def ordering(table: sa.Table, order_by: Ordering) -> tuple[ColumnElement[Any], ...]:
     single = isinstance(order_by, (str, ClauseElement)) or hasattr(order_by, "__clause_element__")
     items: Iterable[Any] = [order_by] if single else order_by
     ordering: list[ColumnElement[Any]] = []

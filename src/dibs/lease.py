@@ -9,19 +9,28 @@ status = 'running'``, so a worker whose lease was taken over changes nothing, is
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, Row
 
 from dibs._errors import InvalidArgument, LeaseLost
-from dibs.claim import Criteria, Ordering, aclaim, claim, column_of, resolve_table
-from dibs.dialects import backend_for
-from dibs.dialects.base import key_of
+from dibs.claim import (
+    Criteria,
+    Ordering,
+    arun_claim,
+    claim_request,
+    column_of,
+    resolve_table,
+    run_claim,
+    whole_number,
+)
+from dibs.dialects import Backend, ClaimRequest, backend_for
 from dibs.schema import Timestamp
 
 if TYPE_CHECKING:
@@ -76,9 +85,17 @@ def _aware(moment: datetime) -> datetime:
 
 
 @contextmanager
-def _transaction(bind: Engine | Connection) -> Iterator[Connection]:
-    """The caller's open transaction if it has one (the write joins it), else a new one that commits."""
+def _transaction(bind: Engine | Connection, *, autocommit: bool = False) -> Iterator[Connection]:
+    """The caller's open transaction if it has one (the write joins it), else a new one that commits.
+
+    ``autocommit``: the work is one statement the database runs atomically on its own; on a connection
+    dibs checks out itself it then runs without BEGIN and COMMIT.
+    """
     if isinstance(bind, Engine):
+        if autocommit:
+            with bind.connect() as conn:
+                yield conn.execution_options(isolation_level="AUTOCOMMIT")
+            return
         with bind.begin() as conn:
             yield conn
     elif bind.in_transaction():
@@ -95,6 +112,20 @@ async def _run_async(bind: AsyncEngine | AsyncConnection, work: Callable[..., T]
         async with bind.connect() as conn:
             return await conn.run_sync(work, *args)
     return await bind.run_sync(work, *args)
+
+
+_OWNER = "dibs_lease_owner"
+_LEASE_SECONDS = "dibs_lease_seconds"
+
+
+class _WriteStatements(NamedTuple):
+    write: sa.Update  # the guarded UPDATE
+    returning: sa.Update  # the same, returning the keys it changed
+    proof: sa.Select[Any]  # where there is no RETURNING: the keys that now carry the token and new status
+
+
+def _items(order_by: Ordering) -> list[Any]:
+    return [order_by] if isinstance(order_by, (str, sa.ClauseElement)) else list(order_by)
 
 
 class Leases:
@@ -127,6 +158,12 @@ class Leases:
         self.attempts = column_of(self.table, attempts, "Leases(attempts=)")
         self.ready, self.running, self.done, self.failed = ready, running, done, failed
         self.key_columns = tuple(self.table.primary_key.columns)
+        positions = {column.name: index for index, column in enumerate(self.table.columns)}
+        self._key_positions = tuple(positions[column.name] for column in self.key_columns)
+        self._token_position = positions[self.token.name]
+        self._expires_position = positions[self.expires_at.name]
+        self._claim_templates: dict[tuple[Any, ...], ClaimRequest] = {}
+        self._write_templates: dict[tuple[Any, ...], _WriteStatements] = {}
 
     # -- claim -------------------------------------------------------------------------------------
 
@@ -143,9 +180,8 @@ class Leases:
         then: Then | None = None,
     ) -> list[Lease]:
         """Lease up to ``limit`` ready or expired rows to ``owner`` for ``duration``; each gets a new token."""
-        arguments = self._claim_arguments(bind, owner, duration, where, set)
-        rows = claim(bind, self.table, limit=limit, order_by=order_by, then=then, strategy=self.strategy, **arguments)
-        return self._leases(rows, owner)
+        request = self.claim_request(bind, owner, duration, where, limit, order_by, set, then)
+        return self._leases(run_claim(bind, request, self.strategy), owner)
 
     async def aclaim(
         self,
@@ -160,46 +196,83 @@ class Leases:
         then: Then | None = None,
     ) -> list[Lease]:
         """claim() for asyncio."""
-        arguments = self._claim_arguments(bind, owner, duration, where, set)
-        rows = await aclaim(
-            bind, self.table, limit=limit, order_by=order_by, then=then, strategy=self.strategy, **arguments
-        )
-        return self._leases(rows, owner)
+        request = self.claim_request(bind, owner, duration, where, limit, order_by, set, then)
+        return self._leases(await arun_claim(bind, request, self.strategy), owner)
 
-    def eligible(self, bind: Any) -> sa.ColumnElement[bool]:
+    def eligible(self, backend: Backend) -> sa.ColumnElement[bool]:
         """Ready rows, and running rows whose lease has expired on the database clock."""
-        now = backend_for(bind.dialect).now()
         return sa.or_(
             self.status == self.ready,
-            sa.and_(self.status == self.running, self.expires_at < now),
+            sa.and_(self.status == self.running, self.expires_at < backend.now()),
         )
 
-    def _claim_arguments(
-        self, bind: Any, owner: str, duration: Duration, where: Criteria, extra: Mapping[Any, Any] | None
-    ) -> dict[str, Any]:
+    def claim_request(
+        self,
+        bind: Any,
+        owner: str,
+        duration: Duration,
+        where: Criteria,
+        limit: int,
+        order_by: Ordering,
+        extra: Mapping[Any, Any] | None,
+        then: Then | None,
+    ) -> ClaimRequest:
+        """The claim for one call. Without ``where`` or ``set`` its statements are built once and reused."""
         if not isinstance(owner, str) or not owner:
             raise InvalidArgument(f"owner must be a non-empty string naming the worker, got {owner!r}")
         backend = backend_for(bind.dialect)
-        criteria: list[Any] = [self.eligible(bind)]
+        parameters = {_OWNER: owner, _LEASE_SECONDS: backend.after_value(_seconds(duration))}
+        count = whole_number(limit)
+        if where is None and not extra:
+            template = self._claim_template(backend, order_by)
+        else:
+            template = self._build_claim(backend, order_by, where, extra, shape=None)
+        return dataclasses.replace(template, limit=count, parameters=parameters, then=then)
+
+    def _claim_template(self, backend: Backend, order_by: Ordering) -> ClaimRequest:
+        # Keyed by the order's objects themselves (strings, or expressions held alive by the template),
+        # so a key can never be reused by another expression after the first is collected.
+        order_key = (backend.name, *(item if isinstance(item, str) else id(item) for item in _items(order_by)))
+        template = self._claim_templates.get(order_key)
+        if template is None:
+            template = self._build_claim(backend, order_by, None, None, shape=object())
+            self._claim_templates[order_key] = template
+        return template
+
+    def _build_claim(
+        self,
+        backend: Backend,
+        order_by: Ordering,
+        where: Criteria,
+        extra: Mapping[Any, Any] | None,
+        shape: object | None,
+    ) -> ClaimRequest:
+        criteria: list[Any] = [self.eligible(backend)]
         if where is not None:
             criteria.extend([where] if isinstance(where, sa.ClauseElement) else list(where))
         values: dict[Any, Any] = {
             self.status: self.running,
-            self.owner: owner,
-            self.expires_at: backend.after(_seconds(duration)),
+            self.owner: sa.bindparam(_OWNER, type_=self.owner.type),
+            self.expires_at: backend.after(_LEASE_SECONDS),
             self.token: self.token + 1,
             self.attempts: self.attempts + 1,
         }
         values.update(extra or {})
-        return {"where": sa.and_(*criteria), "set": values}
+        request = claim_request(
+            self.table, where=criteria, values=values, limit=1, order_by=order_by, delete=False, then=None
+        )
+        return dataclasses.replace(request, shape=shape)
 
     def _leases(self, rows: Iterable[Row[Any]], owner: str) -> list[Lease]:
+        # Claimed rows carry the table's columns in table order, so fields are read by position.
+        key_at = self._key_positions
+        token_at, expires_at = self._token_position, self._expires_position
         return [
             Lease(
-                key=key_of(row, self.key_columns),
-                token=row._mapping[self.token.name],
+                key=tuple(row[i] for i in key_at),
+                token=row[token_at],
                 owner=owner,
-                expires_at=_aware(row._mapping[self.expires_at.name]),
+                expires_at=_aware(row[expires_at]),
                 row=row,
             )
             for row in rows
@@ -214,8 +287,9 @@ class Leases:
     def renew_many(self, bind: Engine | Connection, leases: Sequence[Lease], duration: Duration) -> list[Lease]:
         """Extend many leases in one statement; returns the leases that were lost (and not renewed)."""
         backend = backend_for(bind.dialect)
-        values = {self.expires_at: backend.after(_seconds(duration))}
-        return self._write(bind, leases, values, self.running)
+        return self._write(
+            bind, leases, "renew", self.running, {_LEASE_SECONDS: backend.after_value(_seconds(duration))}
+        )
 
     def complete(
         self,
@@ -237,7 +311,7 @@ class Leases:
         set: Mapping[Any, Any] | None = None,
     ) -> list[Lease]:
         """Finish many leases in one statement; returns the leases that were lost (and left unchanged)."""
-        return self._write(bind, leases, self._finish(status or self.done, set), status or self.done)
+        return self._write(bind, leases, "finish", status or self.done, {}, set)
 
     def fail(
         self,
@@ -247,7 +321,7 @@ class Leases:
         status: str | None = None,
         set: Mapping[Any, Any] | None = None,
     ) -> None:
-        """Mark a held lease failed (status ``failed`` unless given); raises LeaseLost if it is no longer held."""
+        """Mark a held lease failed (status ``failed`` unless given); raises LeaseLost if no longer held."""
         self._raise_lost(self.fail_many(bind, [lease], status=status, set=set), "fail")
 
     def fail_many(
@@ -259,7 +333,7 @@ class Leases:
         set: Mapping[Any, Any] | None = None,
     ) -> list[Lease]:
         """Mark many leases failed in one statement; returns the leases that were lost."""
-        return self._write(bind, leases, self._finish(status or self.failed, set), status or self.failed)
+        return self._write(bind, leases, "finish", status or self.failed, {}, set)
 
     def release(self, bind: Engine | Connection, lease: Lease) -> None:
         """Give back a lease whose work never started: ready again at once, and the attempt not counted."""
@@ -267,48 +341,66 @@ class Leases:
 
     def release_many(self, bind: Engine | Connection, leases: Sequence[Lease]) -> list[Lease]:
         """Give back many unstarted leases in one statement; returns the leases that were lost."""
-        values = {
-            self.status: self.ready,
-            self.expires_at: None,
-            self.attempts: self.attempts - 1,
-        }
-        return self._write(bind, leases, values, self.ready)
-
-    def _finish(self, status: str, extra: Mapping[Any, Any] | None) -> dict[Any, Any]:
-        values: dict[Any, Any] = {self.status: status, self.expires_at: None}
-        values.update({column_of(self.table, key, "set"): value for key, value in (extra or {}).items()})
-        return values
+        return self._write(bind, leases, "release", self.ready, {})
 
     def _write(
-        self, bind: Engine | Connection, leases: Sequence[Lease], values: Mapping[Any, Any], after: str
+        self,
+        bind: Engine | Connection,
+        leases: Sequence[Lease],
+        action: str,
+        status: str,
+        parameters: dict[str, Any],
+        extra: Mapping[Any, Any] | None = None,
     ) -> list[Lease]:
         if not leases:
             return []
-        with _transaction(bind) as conn:
-            return self.write_on_connection(conn, leases, values, after)
-
-    def write_on_connection(
-        self, conn: Connection, leases: Sequence[Lease], values: Mapping[Any, Any], after: str
-    ) -> list[Lease]:
-        """One guarded UPDATE for all ``leases``; returns the ones whose token no longer holds the row."""
-        held = sa.and_(
-            sa.tuple_(*self.key_columns, self.token).in_([(*lease.key, lease.token) for lease in leases]),
-            self.status == self.running,
-        )
-        change = sa.update(self.table).where(held).values(dict(values))
-        if conn.dialect.update_returning:
-            written = {key_of(row, self.key_columns) for row in conn.execute(change.returning(*self.key_columns))}
-        else:
-            if conn.execute(change).rowcount == len(leases):
-                return []
-            # No RETURNING: read back, in this transaction, which of the rows now carry the token and the
-            # status this write gave them.
-            proof = sa.select(*self.key_columns).where(
-                sa.tuple_(*self.key_columns, self.token).in_([(*lease.key, lease.token) for lease in leases]),
-                self.status == after,
-            )
-            written = {tuple(row) for row in conn.execute(proof)}
+        backend = backend_for(bind.dialect)
+        extra_values = {column_of(self.table, key, "set"): value for key, value in (extra or {}).items()}
+        statements = self._write_statements(backend, action, status, extra_values)
+        parameters = {
+            **parameters,
+            **backend.fenced_values(len(self.key_columns), [(*lease.key, lease.token) for lease in leases]),
+            **{f"dibs_set_{column.name}": value for column, value in extra_values.items()},
+        }
+        returning = bool(bind.dialect.update_returning)
+        with _transaction(bind, autocommit=returning and backend.atomic_statements) as conn:
+            if returning:
+                written = {tuple(row) for row in conn.execute(statements.returning, parameters)}
+            else:
+                if conn.execute(statements.write, parameters).rowcount == len(leases):
+                    return []
+                # No RETURNING: read back, in this transaction, which of the rows now carry the token and
+                # the status this write gave them.
+                written = {tuple(row) for row in conn.execute(statements.proof, parameters)}
         return [lease for lease in leases if lease.key not in written]
+
+    def _write_statements(
+        self, backend: Backend, action: str, status: str, extra: Mapping[sa.Column[Any], Any]
+    ) -> _WriteStatements:
+        """The guarded UPDATE for one kind of write, built once when its extra values are plain values."""
+        plain = not any(isinstance(value, sa.ClauseElement) for value in extra.values())
+        key = (backend.name, action, status, tuple(sorted(column.name for column in extra)))
+        if plain and key in self._write_templates:
+            return self._write_templates[key]
+        values: dict[Any, Any] = {self.status: status}
+        if action == "renew":
+            values = {self.expires_at: backend.after(_LEASE_SECONDS)}
+        elif action == "release":
+            values.update({self.expires_at: None, self.attempts: self.attempts - 1})
+        else:
+            values[self.expires_at] = None
+        for column, value in extra.items():
+            values[column] = sa.bindparam(f"dibs_set_{column.name}", type_=column.type) if plain else value
+        fenced = backend.fenced(self.key_columns, self.token)
+        change = sa.update(self.table).where(fenced, self.status == self.running).values(values)
+        statements = _WriteStatements(
+            write=change,
+            returning=change.returning(*self.key_columns),
+            proof=sa.select(*self.key_columns).where(fenced, self.status == status),
+        )
+        if plain:
+            self._write_templates[key] = statements
+        return statements
 
     @staticmethod
     def _raise_lost(lost: list[Lease], action: str) -> None:

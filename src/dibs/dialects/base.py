@@ -3,25 +3,39 @@
 A *backend* knows one database family: how to open a claim transaction, what time it is on the
 database, which native claim strategy it has for a given server version, and how to translate the
 driver errors dibs understands. A *strategy* turns one :class:`ClaimRequest` into rows.
+
+Statements are built with bind parameters for everything that changes from call to call (the limit,
+the picked keys, lease owners and durations) so that a strategy can build them once per claim
+*shape* and reuse them: building SQLAlchemy constructs costs more than executing them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement, operators
 
 Then = Callable[[Connection, list[Row[Any]]], object]
+S = TypeVar("S")
+
+LIMIT = "dibs_limit"
+PICKED = "dibs_picked"
 
 
 @dataclass(frozen=True, kw_only=True)
 class ClaimRequest:
-    """One validated claim: which rows, how many, and what to do to them."""
+    """One validated claim: which rows, how many, what to do to them, and the values of its parameters.
+
+    Requests with the same ``shape`` (any hashable, None for none) have the same table, criteria,
+    values, order and mode, and differ only in ``limit`` and ``parameters``; strategies reuse the
+    statements they built for the first of them.
+    """
 
     table: sa.Table
     where: ColumnElement[bool] | None
@@ -30,6 +44,8 @@ class ClaimRequest:
     order_by: tuple[ColumnElement[Any], ...]
     delete: bool
     then: Then | None
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    shape: Hashable | None = None
 
     @property
     def key_columns(self) -> tuple[sa.Column[Any], ...]:
@@ -40,13 +56,19 @@ class ClaimRequest:
         query = sa.select(*columns)
         if self.where is not None:
             query = query.where(self.where)
-        return query.order_by(*self.order_by).limit(self.limit)
+        return query.order_by(*self.order_by).limit(sa.bindparam(LIMIT, type_=sa.Integer))
+
+    def execution(self, **more: Any) -> dict[str, Any]:
+        """The parameter values for this request's statements."""
+        return {LIMIT: self.limit, **self.parameters, **more}
 
 
 class ClaimStrategy(Protocol):
     """Claims the rows one request names, inside one transaction it opens and commits itself."""
 
     name: str
+    #: The claim is one statement, atomic without an explicit transaction when there is no ``then``.
+    single_statement: bool
 
     def claim(self, conn: Connection, request: ClaimRequest) -> list[Row[Any]]: ...
 
@@ -55,6 +77,8 @@ class Backend(Protocol):
     """What dibs needs to know about one database family."""
 
     name: str
+    #: A single guarded UPDATE may run in autocommit mode, saving the BEGIN and COMMIT round trips.
+    atomic_statements: bool
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
         """The fastest correct strategy this server supports (warns when it has to fall back)."""
@@ -68,8 +92,15 @@ class Backend(Protocol):
         """The current time, as the database sees it, as a SQL expression."""
         ...
 
-    def after(self, seconds: float) -> ColumnElement[datetime]:
-        """The database's current time plus ``seconds``, as a SQL expression."""
+    def after(self, name: str) -> ColumnElement[datetime]:
+        """The current time plus a number of seconds given at execution, as a SQL expression.
+
+        The value of parameter ``name`` comes from :meth:`after_value`.
+        """
+        ...
+
+    def after_value(self, seconds: float) -> Any:
+        """The value of an :meth:`after` parameter for ``seconds`` from now."""
         ...
 
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
@@ -80,9 +111,39 @@ class Backend(Protocol):
         """The options for an engine dibs creates, with this backend's defaults added."""
         ...
 
+    def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
+        """The rows whose (key..., token) is one of the pairs given at execution: the guard of a batched
+        lease write. The parameter values come from :meth:`fenced_values`."""
+        ...
+
+    def fenced_values(self, key_count: int, pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        """The parameter values of a :meth:`fenced` guard for ``pairs`` of (key..., token)."""
+        ...
+
     def configure(self, engine: Engine) -> None:
         """Tune an engine dibs creates (never one the caller built) for many concurrent claimers."""
         ...
+
+
+class StatementCache(Generic[S]):
+    """Statements built once per request shape (at most ``size`` shapes, least recently used dropped)."""
+
+    def __init__(self, build: Callable[[ClaimRequest], S], size: int = 256) -> None:
+        self._build = build
+        self._built: OrderedDict[Hashable, S] = OrderedDict()
+        self._size = size
+
+    def __call__(self, request: ClaimRequest) -> S:
+        if request.shape is None:
+            return self._build(request)
+        try:
+            self._built.move_to_end(request.shape)
+            return self._built[request.shape]
+        except KeyError:
+            built = self._built[request.shape] = self._build(request)
+            if len(self._built) > self._size:
+                self._built.popitem(last=False)
+            return built
 
 
 def key_of(row: Row[Any], key_columns: Sequence[sa.Column[Any]]) -> tuple[Any, ...]:
@@ -91,15 +152,37 @@ def key_of(row: Row[Any], key_columns: Sequence[sa.Column[Any]]) -> tuple[Any, .
     return tuple(mapping[column.name] for column in key_columns)
 
 
-def key_filter(key_columns: Sequence[sa.Column[Any]], keys: Sequence[tuple[Any, ...]]) -> ColumnElement[bool]:
-    """``pk IN (...)`` for single-column keys, ``(a, b) IN (...)`` for composite ones."""
-    if len(key_columns) == 1:
-        return key_columns[0].in_([key[0] for key in keys])
-    return sa.tuple_(*key_columns).in_(keys)
+def keys_in(key_columns: Sequence[sa.Column[Any]], name: str = PICKED) -> ColumnElement[bool]:
+    """``pk IN (:name)`` (``(a, b) IN (:name)`` for composite keys), the list given at execution."""
+    target = key_columns[0] if len(key_columns) == 1 else sa.tuple_(*key_columns)
+    return target.in_(sa.bindparam(name, expanding=True))
 
 
-def key_equals(key_columns: Sequence[sa.Column[Any]], key: tuple[Any, ...]) -> ColumnElement[bool]:
-    return sa.and_(*(column == value for column, value in zip(key_columns, key, strict=True)))
+def key_values(key_columns: Sequence[sa.Column[Any]], keys: Sequence[tuple[Any, ...]]) -> list[Any]:
+    """The value of a :func:`keys_in` parameter: bare values for a single-column key, tuples otherwise."""
+    return [key[0] for key in keys] if len(key_columns) == 1 else list(keys)
+
+
+def key_equals(key_columns: Sequence[sa.Column[Any]]) -> ColumnElement[bool]:
+    """``pk = :dibs_key_0 AND ...``, the key given at execution by :func:`key_parameters`."""
+    return sa.and_(*(column == sa.bindparam(f"dibs_key_{index}") for index, column in enumerate(key_columns)))
+
+
+def key_parameters(key: tuple[Any, ...]) -> dict[str, Any]:
+    return {f"dibs_key_{index}": value for index, value in enumerate(key)}
+
+
+def fenced_in_list(key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
+    """``pk IN (...) AND (pk, token) IN (...)``: the plain key test lets the planner use the primary key."""
+    return sa.and_(
+        keys_in(key_columns, "dibs_fenced_keys"),
+        sa.tuple_(*key_columns, token).in_(sa.bindparam("dibs_fenced_pairs", expanding=True)),
+    )
+
+
+def fenced_in_list_values(key_count: int, pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+    keys = [pair[0] if key_count == 1 else pair[:key_count] for pair in pairs]
+    return {"dibs_fenced_keys": keys, "dibs_fenced_pairs": list(pairs)}
 
 
 def in_key_order(

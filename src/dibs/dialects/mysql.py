@@ -12,46 +12,79 @@ Times come from ``UTC_TIMESTAMP(6)``, the server's clock in UTC with microsecond
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement
 
 from dibs._errors import FallbackWarning
-from dibs.dialects.base import ClaimRequest, ClaimStrategy, in_key_order, key_filter, key_of, run_then
+from dibs.dialects.base import (
+    PICKED,
+    ClaimRequest,
+    ClaimStrategy,
+    StatementCache,
+    fenced_in_list,
+    fenced_in_list_values,
+    in_key_order,
+    key_of,
+    key_values,
+    keys_in,
+    run_then,
+)
 from dibs.dialects.portable import PortableClaim
 
 MYSQL_SKIP_LOCKED_SINCE = (8, 0, 1)
 MARIADB_SKIP_LOCKED_SINCE = (10, 6)
 
 
+class _Statements(NamedTuple):
+    pick: sa.Select[Any]  # locks the picked rows (whole rows, when claiming by delete)
+    change: sa.Update | sa.Delete  # of the picked keys
+    read: sa.Select[Any]  # the picked rows after the update
+
+
 class MySQLClaim:
     """Three statements in one READ COMMITTED transaction."""
+
+    single_statement = False
 
     name = "mysql"
 
     def __init__(self, backend: MySQL) -> None:
         self.backend = backend
+        self.statements = StatementCache(self.build)
 
-    def claim(self, conn: Connection, request: ClaimRequest) -> list[Row[Any]]:
+    def build(self, request: ClaimRequest) -> _Statements:
         table = request.table
         keys = request.key_columns
+        chosen = keys_in(keys)
+        # Claiming by delete returns the rows as they were: the locking read fetches them whole.
+        pick = request.candidates(*(table.columns if request.delete else keys)).with_for_update(skip_locked=True)
+        change: sa.Update | sa.Delete = (
+            sa.delete(table).where(chosen)
+            if request.delete
+            else sa.update(table).where(chosen).values(dict(request.values))
+        )
+        return _Statements(pick, change, sa.select(table).where(chosen))
+
+    def claim(self, conn: Connection, request: ClaimRequest) -> list[Row[Any]]:
+        keys = request.key_columns
+        statements = self.statements(request)
+        parameters = request.execution()
         with conn.begin():
             self.backend.begin(conn)
-            if request.delete:
-                # The rows come back as they were: the locking read fetches them whole.
-                rows = list(conn.execute(request.candidates(*table.columns).with_for_update(skip_locked=True)))
-                if rows:
-                    conn.execute(sa.delete(table).where(key_filter(keys, [key_of(row, keys) for row in rows])))
-                return run_then(conn, request, rows)
-            picked = [tuple(row) for row in conn.execute(request.candidates(*keys).with_for_update(skip_locked=True))]
-            if not picked:
+            picked_rows = list(conn.execute(statements.pick, parameters))
+            if not picked_rows:
                 return []
-            chosen = key_filter(keys, picked)
-            conn.execute(sa.update(table).where(chosen).values(dict(request.values)))
-            rows = list(conn.execute(sa.select(table).where(chosen)))
+            picked = [key_of(row, keys) for row in picked_rows]
+            parameters[PICKED] = key_values(keys, picked)
+            conn.execute(statements.change, parameters)
+            if request.delete:
+                return run_then(conn, request, picked_rows)
+            rows = list(conn.execute(statements.read, parameters))
             return run_then(conn, request, in_key_order(rows, picked, keys))
 
 
@@ -70,6 +103,7 @@ class MySQL:
     """MySQL 8.0.1+ and MariaDB 10.6+ natively; older servers fall back to the portable strategy."""
 
     name = "mysql"
+    atomic_statements = False
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
         version = tuple(dialect.server_version_info or ())
@@ -97,19 +131,28 @@ class MySQL:
     def now(self) -> ColumnElement[datetime]:
         return sa.func.utc_timestamp(6, type_=sa.DateTime())
 
-    def after(self, seconds: float) -> ColumnElement[datetime]:
+    def after(self, name: str) -> ColumnElement[datetime]:
         return sa.func.timestampadd(
             sa.literal_column("MICROSECOND"),
-            sa.literal(round(seconds * 1_000_000), sa.BigInteger),
+            sa.bindparam(name, type_=sa.BigInteger),
             sa.func.utc_timestamp(6),
             type_=sa.DateTime(),
         )
+
+    def after_value(self, seconds: float) -> Any:
+        return round(seconds * 1_000_000)
 
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         return None
 
     def engine_options(self, options: dict[str, Any]) -> dict[str, Any]:
         return options
+
+    def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
+        return fenced_in_list(key_columns, token)
+
+    def fenced_values(self, key_count: int, pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        return fenced_in_list_values(key_count, pairs)
 
     def configure(self, engine: Engine) -> None:
         return None

@@ -11,20 +11,27 @@ primary-key order, whatever the claim order, so that two claimers never deadlock
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement
 
 from dibs.dialects.base import (
+    PICKED,
     ClaimRequest,
     ClaimStrategy,
+    StatementCache,
+    fenced_in_list,
+    fenced_in_list_values,
     in_key_order,
     key_equals,
-    key_filter,
     key_of,
+    key_parameters,
+    key_values,
+    keys_in,
     run_then,
 )
 
@@ -32,49 +39,68 @@ if TYPE_CHECKING:
     from dibs.dialects.base import Backend
 
 
+class _Statements(NamedTuple):
+    candidates: sa.Select[Any]
+    eligible: sa.Select[Any]  # the rows whose keys are given that still match the criteria
+    read: sa.Select[Any]  # the rows whose keys are given
+    claim_one: sa.Update | sa.Delete  # the guarded write of one row
+
+
 class PortableClaim:
     """1 + N round trips: read candidates, then one guarded write per candidate."""
+
+    single_statement = False
 
     name = "portable"
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
+        self.statements = StatementCache(self.build)
 
-    def claim(self, conn: Connection, request: ClaimRequest) -> list[Row[Any]]:
+    def build(self, request: ClaimRequest) -> _Statements:
         table = request.table
         keys = request.key_columns
+        guard = request.where if request.where is not None else sa.true()
+        claim_one: sa.Update | sa.Delete = (
+            sa.delete(table).where(key_equals(keys), guard)
+            if request.delete
+            else sa.update(table).where(key_equals(keys), guard).values(dict(request.values))
+        )
+        return _Statements(
+            candidates=request.candidates(*keys),
+            eligible=sa.select(table).where(keys_in(keys), guard),
+            read=sa.select(table).where(keys_in(keys)),
+            claim_one=claim_one,
+        )
+
+    def claim(self, conn: Connection, request: ClaimRequest) -> list[Row[Any]]:
+        keys = request.key_columns
+        statements = self.statements(request)
+        parameters = request.execution()
         with conn.begin():
             self.backend.begin(conn)
-            candidates = [tuple(row) for row in conn.execute(request.candidates(*keys))]
+            candidates = [tuple(row) for row in conn.execute(statements.candidates, parameters)]
             if not candidates:
                 return []
-            guard = request.where if request.where is not None else sa.true()
+            before: dict[tuple[Any, ...], Row[Any]] = {}
             if request.delete:
                 # The rows come back as they were, so read them before they go. A row that changes
                 # between this read and its delete, and still matches, comes back as first read.
-                before = {
-                    key_of(row, keys): row
-                    for row in conn.execute(sa.select(table).where(key_filter(keys, candidates), guard))
-                }
-                won = {
-                    key
-                    for key in sorted(before)
-                    if conn.execute(sa.delete(table).where(key_equals(keys, key), guard)).rowcount == 1
-                }
-                return run_then(conn, request, [before[key] for key in candidates if key in won])
+                chosen = {**parameters, PICKED: key_values(keys, candidates)}
+                before = {key_of(row, keys): row for row in conn.execute(statements.eligible, chosen)}
             won = {
                 key
-                for key in sorted(candidates)
-                if conn.execute(
-                    sa.update(table).where(key_equals(keys, key), guard).values(dict(request.values))
-                ).rowcount
-                == 1
+                for key in sorted(before if request.delete else candidates)
+                if conn.execute(statements.claim_one, {**parameters, **key_parameters(key)}).rowcount == 1
             }
+            won_in_order = [key for key in candidates if key in won]
+            if request.delete:
+                return run_then(conn, request, [before[key] for key in won_in_order])
             if not won:
                 return []
             # This transaction holds the won rows' locks, so this read sees them exactly as stored.
-            won_in_order = [key for key in candidates if key in won]
-            rows = list(conn.execute(sa.select(table).where(key_filter(keys, won_in_order))))
+            chosen = {**parameters, PICKED: key_values(keys, won_in_order)}
+            rows = list(conn.execute(statements.read, chosen))
             return run_then(conn, request, in_key_order(rows, won_in_order, keys))
 
 
@@ -84,10 +110,24 @@ def app_now() -> datetime:
     return datetime.now(timezone.utc).replace(tzinfo=None)
 
 
-class Generic:
+class AppClock:
+    """Times from the application's clock, for databases whose clock dibs cannot do arithmetic with."""
+
+    def now(self) -> ColumnElement[datetime]:
+        return sa.bindparam("dibs_now", callable_=app_now, type_=sa.DateTime(), unique=True)
+
+    def after(self, name: str) -> ColumnElement[datetime]:
+        return sa.bindparam(name, type_=sa.DateTime())
+
+    def after_value(self, seconds: float) -> Any:
+        return app_now() + timedelta(seconds=seconds)
+
+
+class Generic(AppClock):
     """A dialect dibs has no native strategy for: portable claim, application clock."""
 
     name = "generic"
+    atomic_statements = False
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
         return PortableClaim(self)
@@ -95,17 +135,17 @@ class Generic:
     def begin(self, conn: Connection) -> None:
         return None
 
-    def now(self) -> ColumnElement[datetime]:
-        return sa.literal(app_now(), sa.DateTime())
-
-    def after(self, seconds: float) -> ColumnElement[datetime]:
-        return sa.literal(app_now() + timedelta(seconds=seconds), sa.DateTime())
-
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         return None
 
     def engine_options(self, options: dict[str, Any]) -> dict[str, Any]:
         return options
+
+    def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
+        return fenced_in_list(key_columns, token)
+
+    def fenced_values(self, key_count: int, pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        return fenced_in_list_values(key_count, pairs)
 
     def configure(self, engine: Engine) -> None:
         return None

@@ -5,7 +5,7 @@ The claim is::
     WITH dibs_picked AS MATERIALIZED (
         SELECT pk, <order expressions> FROM t WHERE <criteria> ORDER BY ... LIMIT n
         FOR UPDATE OF t SKIP LOCKED)
-    UPDATE t SET ... FROM dibs_picked WHERE t.pk = dibs_picked.pk RETURNING t.*
+    UPDATE t SET ... WHERE t.pk = ANY(ARRAY(SELECT pk FROM dibs_picked)) RETURNING t.*
 
 The shorter ``UPDATE t ... WHERE pk IN (SELECT ... LIMIT n FOR UPDATE SKIP LOCKED)`` is wrong: the
 planner may rescan that sub-select (a semi-join), and each rescan skips the rows the previous one
@@ -13,22 +13,32 @@ locked, so a single call can claim more than n rows under contention. A MATERIAL
 exactly once. Before PostgreSQL 12 every CTE was materialized and the keyword did not exist.
 
 RETURNING comes back in no promised order, so when the caller asked for an order the statement
-carries the pre-update order values through the CTE and sorts the returned rows by them in SQL, with
+carries the pre-update order values in the CTE, joins the returned rows to them and sorts in SQL, with
 the database's own collation.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement
 
 from dibs._errors import FallbackWarning
-from dibs.dialects.base import ClaimRequest, ClaimStrategy, run_then, split_order
+from dibs.dialects.base import (
+    ClaimRequest,
+    ClaimStrategy,
+    StatementCache,
+    fenced_in_list,
+    fenced_in_list_values,
+    run_then,
+    split_order,
+)
 from dibs.dialects.portable import PortableClaim
 
 SKIP_LOCKED_SINCE = (9, 5)
@@ -38,14 +48,17 @@ MATERIALIZED_SINCE = (12,)
 class PostgreSQLClaim:
     """One round trip: lock with SKIP LOCKED in a materialized CTE, update, return."""
 
+    single_statement = True
+
     name = "postgresql"
 
     def __init__(self, *, materialized: bool = True) -> None:
         self.materialized = materialized
+        self.statements = StatementCache(self.statement)
 
     def claim(self, conn: Connection, request: ClaimRequest) -> list[Row[Any]]:
         with conn.begin():
-            rows = list(conn.execute(self.statement(request)).all())
+            rows = list(conn.execute(self.statements(request), request.execution()).all())
             return run_then(conn, request, rows)
 
     def statement(self, request: ClaimRequest) -> sa.Executable:
@@ -53,28 +66,28 @@ class PostgreSQLClaim:
         keys = request.key_columns
         orderings = [split_order(clause) for clause in request.order_by]
         order_labels = [f"dibs_order_{index}" for index in range(len(orderings))]
-        picked = (
-            request.candidates(
-                *keys,
-                *(expression.label(label) for (expression, _), label in zip(orderings, order_labels, strict=True)),
-            )
-            .with_for_update(skip_locked=True, of=table)
-            .cte("dibs_picked")
-        )
+        labelled = (expression.label(label) for (expression, _), label in zip(orderings, order_labels, strict=True))
+        picked = request.candidates(*keys, *labelled).with_for_update(skip_locked=True, of=table).cte("dibs_picked")
         if self.materialized:
             picked = picked.prefix_with("MATERIALIZED")
-        matched = sa.and_(*(key == picked.c[key.name] for key in keys))
+        if len(keys) == 1:
+            # An array of the picked keys finds the rows by primary-key index; a join with the CTE is often
+            # planned as a hash join over a scan of the whole table.
+            chosen = keys[0] == sa.func.any(sa.func.array(sa.select(picked.c[keys[0].name]).scalar_subquery()))
+        else:
+            chosen = sa.tuple_(*keys).in_(sa.select(*(picked.c[key.name] for key in keys)))
         change: sa.Update | sa.Delete = (
-            sa.delete(table).where(matched)
+            sa.delete(table).where(chosen)
             if request.delete
-            else sa.update(table).where(matched).values(dict(request.values))
+            else sa.update(table).where(chosen).values(dict(request.values))
         )
         if not orderings:
             return change.returning(*table.columns)
-        claimed = change.returning(*table.columns, *(picked.c[label] for label in order_labels)).cte("dibs_claimed")
-        claimed_columns = list(claimed.columns)
-        return sa.select(*claimed_columns[: len(table.columns)]).order_by(
-            *(reorder(claimed.c[label]) for (_, reorder), label in zip(orderings, order_labels, strict=True))
+        claimed = change.returning(*table.columns).cte("dibs_claimed")
+        return (
+            sa.select(*claimed.columns)
+            .join_from(claimed, picked, sa.and_(*(claimed.c[key.name] == picked.c[key.name] for key in keys)))
+            .order_by(*(reorder(picked.c[label]) for (_, reorder), label in zip(orderings, order_labels, strict=True)))
         )
 
 
@@ -82,6 +95,7 @@ class PostgreSQL:
     """PostgreSQL 9.5 and later natively; older servers fall back to the portable strategy."""
 
     name = "postgresql"
+    atomic_statements = True
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
         version = tuple(dialect.server_version_info or ())
@@ -101,16 +115,35 @@ class PostgreSQL:
     def now(self) -> ColumnElement[datetime]:
         return sa.func.now(type_=sa.DateTime(timezone=True))
 
-    def after(self, seconds: float) -> ColumnElement[datetime]:
-        return sa.func.now(type_=sa.DateTime(timezone=True)) + sa.func.make_interval(
-            0, 0, 0, 0, 0, 0, sa.literal(float(seconds), sa.Float)
+    def after(self, name: str) -> ColumnElement[datetime]:
+        return sa.func.now(type_=sa.DateTime(timezone=True)) + sa.bindparam(name, type_=sa.Float) * sa.literal_column(
+            "interval '1 second'", type_=sa.Interval()
         )
+
+    def after_value(self, seconds: float) -> Any:
+        return float(seconds)
 
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         return None
 
     def engine_options(self, options: dict[str, Any]) -> dict[str, Any]:
         return options
+
+    def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
+        """Arrays of keys and tokens, unnested: one statement text for any batch size (psycopg prepares it
+        after a few runs), where a row-value IN list of n pairs costs milliseconds to plan."""
+        if len(key_columns) != 1:
+            return fenced_in_list(key_columns, token)
+        key = key_columns[0]
+        keys = sa.bindparam("dibs_fenced_keys", type_=postgresql.ARRAY(key.type))
+        tokens = sa.bindparam("dibs_fenced_tokens", type_=postgresql.ARRAY(token.type))
+        held = sa.func.unnest(keys, tokens).table_valued("key", "token").render_derived()
+        return sa.and_(key == sa.any_(keys), sa.tuple_(key, token).in_(sa.select(held.c.key, held.c.token)))
+
+    def fenced_values(self, key_count: int, pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        if key_count != 1:
+            return fenced_in_list_values(key_count, pairs)
+        return {"dibs_fenced_keys": [pair[0] for pair in pairs], "dibs_fenced_tokens": [pair[1] for pair in pairs]}
 
     def configure(self, engine: Engine) -> None:
         return None

@@ -16,8 +16,8 @@ SQLite runs in the application's process, so its clock is the application's cloc
 from __future__ import annotations
 
 import warnings
-from datetime import datetime, timedelta
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -25,44 +25,72 @@ from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement
 
 from dibs._errors import Busy, FallbackWarning
-from dibs.dialects.base import ClaimRequest, ClaimStrategy, in_key_order, key_filter, run_then
-from dibs.dialects.portable import app_now
+from dibs.dialects.base import (
+    PICKED,
+    ClaimRequest,
+    ClaimStrategy,
+    StatementCache,
+    fenced_in_list,
+    fenced_in_list_values,
+    in_key_order,
+    key_values,
+    keys_in,
+    run_then,
+)
+from dibs.dialects.portable import AppClock
 
 RETURNING_SINCE = (3, 35)
 BUSY_TIMEOUT_SECONDS = 10.0
 _BUSY_CODES = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED (primary result codes)
 
 
+class _Statements(NamedTuple):
+    pick: sa.Select[Any]
+    change: sa.Update | sa.Delete  # of the picked keys, with RETURNING where the version has it
+    read: sa.Select[Any] | None  # of the picked keys, where there is no RETURNING
+
+
 class SQLiteClaim:
     """BEGIN IMMEDIATE; read the picked keys; UPDATE ... RETURNING (or UPDATE, then read back); COMMIT."""
+
+    single_statement = False
 
     def __init__(self, backend: SQLite, *, returning: bool) -> None:
         self.backend = backend
         self.returning = returning
         self.name = "sqlite" if returning else "sqlite-legacy"
+        self.statements = StatementCache(self.build)
+
+    def build(self, request: ClaimRequest) -> _Statements:
+        table = request.table
+        chosen = keys_in(request.key_columns)
+        change: sa.Update | sa.Delete = (
+            sa.delete(table).where(chosen)
+            if request.delete
+            else sa.update(table).where(chosen).values(dict(request.values))
+        )
+        if self.returning:
+            return _Statements(request.candidates(*request.key_columns), change.returning(*table.columns), None)
+        return _Statements(request.candidates(*request.key_columns), change, sa.select(table).where(chosen))
 
     def claim(self, conn: Connection, request: ClaimRequest) -> list[Row[Any]]:
-        table = request.table
         keys = request.key_columns
+        statements = self.statements(request)
+        parameters = request.execution()
         with conn.begin():
             self.backend.begin(conn)
-            picked = [tuple(row) for row in conn.execute(request.candidates(*keys))]
+            picked = [tuple(row) for row in conn.execute(statements.pick, parameters)]
             if not picked:
                 return []
-            chosen = key_filter(keys, picked)
-            if request.delete:
-                if self.returning:
-                    rows = list(conn.execute(sa.delete(table).where(chosen).returning(*table.columns)))
-                else:
-                    rows = list(conn.execute(sa.select(table).where(chosen)))
-                    conn.execute(sa.delete(table).where(chosen))
+            parameters[PICKED] = key_values(keys, picked)
+            if statements.read is None:
+                rows = list(conn.execute(statements.change, parameters))
+            elif request.delete:
+                rows = list(conn.execute(statements.read, parameters))
+                conn.execute(statements.change, parameters)
             else:
-                change = sa.update(table).where(chosen).values(dict(request.values))
-                if self.returning:
-                    rows = list(conn.execute(change.returning(*table.columns)))
-                else:
-                    conn.execute(change)
-                    rows = list(conn.execute(sa.select(table).where(chosen)))
+                conn.execute(statements.change, parameters)
+                rows = list(conn.execute(statements.read, parameters))
             return run_then(conn, request, in_key_order(rows, picked, keys))
 
 
@@ -75,10 +103,11 @@ def _driver_in_transaction(dbapi_connection: Any) -> bool:
     return False
 
 
-class SQLite:
+class SQLite(AppClock):
     """SQLite 3.35 and later with RETURNING; older versions read the claimed rows back."""
 
     name = "sqlite"
+    atomic_statements = False
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
         version = tuple(dialect.server_version_info or ())
@@ -99,12 +128,6 @@ class SQLite:
         if not _driver_in_transaction(conn.connection.dbapi_connection):
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
-    def now(self) -> ColumnElement[datetime]:
-        return sa.literal(app_now(), sa.DateTime())
-
-    def after(self, seconds: float) -> ColumnElement[datetime]:
-        return sa.literal(app_now() + timedelta(seconds=seconds), sa.DateTime())
-
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         original = exc.orig
         code = getattr(original, "sqlite_errorcode", None)
@@ -121,6 +144,12 @@ class SQLite:
         """Wait up to ten seconds for another writer unless the caller set its own ``timeout``."""
         connect_args = {"timeout": BUSY_TIMEOUT_SECONDS, **options.get("connect_args", {})}
         return {**options, "connect_args": connect_args}
+
+    def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
+        return fenced_in_list(key_columns, token)
+
+    def fenced_values(self, key_count: int, pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        return fenced_in_list_values(key_count, pairs)
 
     def configure(self, engine: Engine) -> None:
         """WAL (readers never block the writer) and fsync at checkpoints only."""
