@@ -43,6 +43,11 @@ class Target:
         return self.family != "mariadb"
 
     @property
+    def concurrent_writers(self) -> bool:
+        """Whether another connection can write while this one holds a transaction open (SQLite: one writer)."""
+        return self.family != "sqlite"
+
+    @property
     def shared_across_processes(self) -> bool:
         return not self.memory
 

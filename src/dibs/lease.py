@@ -26,11 +26,13 @@ from dibs.claim import (
     arun_claim,
     claim_request,
     column_of,
+    ordering,
     resolve_table,
     run_claim,
     whole_number,
 )
 from dibs.dialects import Backend, ClaimRequest, backend_for
+from dibs.dialects.base import resolve_times
 from dibs.schema import Timestamp
 
 if TYPE_CHECKING:
@@ -120,12 +122,24 @@ _LEASE_SECONDS = "dibs_lease_seconds"
 
 class _WriteStatements(NamedTuple):
     write: sa.Update  # the guarded UPDATE
-    returning: sa.Update  # the same, returning the keys it changed
-    proof: sa.Select[Any]  # where there is no RETURNING: the keys that now carry the token and new status
+    returning: sa.Update  # the same, returning the (key..., token) of each row it changed
+    held: sa.Select[Any]  # where there is no RETURNING: lock and read the (key..., token) it will change
 
 
-def _items(order_by: Ordering) -> list[Any]:
-    return [order_by] if isinstance(order_by, (str, sa.ClauseElement)) else list(order_by)
+def _column_ordering_key(table: sa.Table, order: Sequence[sa.ColumnElement[Any]]) -> tuple[Any, ...] | None:
+    """A hashable description of an order made only of the table's columns with asc/desc/nulls modifiers,
+    or None for anything else (such orders are not cached: two expressions may look alike and differ)."""
+    key: list[Any] = []
+    for clause in order:
+        element: Any = clause
+        modifiers = []
+        while isinstance(element, sa.UnaryExpression) and element.modifier is not None:
+            modifiers.append(element.modifier.__name__)
+            element = element.element
+        if not isinstance(element, sa.Column) or element.table is not table:
+            return None
+        key.append((element.name, *modifiers))
+    return tuple(key)
 
 
 class Leases:
@@ -230,13 +244,14 @@ class Leases:
         return dataclasses.replace(template, limit=count, parameters=parameters, then=then)
 
     def _claim_template(self, backend: Backend, order_by: Ordering) -> ClaimRequest:
-        # Keyed by the order's objects themselves (strings, or expressions held alive by the template),
-        # so a key can never be reused by another expression after the first is collected.
-        order_key = (backend.name, *(item if isinstance(item, str) else id(item) for item in _items(order_by)))
-        template = self._claim_templates.get(order_key)
+        order = ordering(self.table, order_by)
+        order_key = _column_ordering_key(self.table, order)
+        if order_key is None:
+            return self._build_claim(backend, order, None, None, shape=None)
+        key = (backend.name, order_key)
+        template = self._claim_templates.get(key)
         if template is None:
-            template = self._build_claim(backend, order_by, None, None, shape=object())
-            self._claim_templates[order_key] = template
+            template = self._claim_templates[key] = self._build_claim(backend, order, None, None, shape=object())
         return template
 
     def _build_claim(
@@ -362,17 +377,19 @@ class Leases:
             **backend.fenced_values(len(self.key_columns), [(*lease.key, lease.token) for lease in leases]),
             **{f"dibs_set_{column.name}": value for column, value in extra_values.items()},
         }
+        resolve_times(parameters)
         returning = bool(bind.dialect.update_returning)
         with _transaction(bind, autocommit=returning and backend.atomic_statements) as conn:
             if returning:
                 written = {tuple(row) for row in conn.execute(statements.returning, parameters)}
             else:
-                if conn.execute(statements.write, parameters).rowcount == len(leases):
-                    return []
-                # No RETURNING: read back, in this transaction, which of the rows now carry the token and
-                # the status this write gave them.
-                written = {tuple(row) for row in conn.execute(statements.proof, parameters)}
-        return [lease for lease in leases if lease.key not in written]
+                # No RETURNING: first lock the rows the write will change. A locking read sees the latest
+                # committed rows whatever the caller's snapshot, and holding the locks, exactly these rows
+                # are then written.
+                written = {tuple(row) for row in conn.execute(statements.held, parameters)}
+                if written:
+                    conn.execute(statements.write, parameters)
+        return [lease for lease in leases if (*lease.key, lease.token) not in written]
 
     def _write_statements(
         self, backend: Backend, action: str, status: str, extra: Mapping[sa.Column[Any], Any]
@@ -391,12 +408,12 @@ class Leases:
             values[self.expires_at] = None
         for column, value in extra.items():
             values[column] = sa.bindparam(f"dibs_set_{column.name}", type_=column.type) if plain else value
-        fenced = backend.fenced(self.key_columns, self.token)
-        change = sa.update(self.table).where(fenced, self.status == self.running).values(values)
+        held = sa.and_(backend.fenced(self.key_columns, self.token), self.status == self.running)
+        change = sa.update(self.table).where(held).values(values)
         statements = _WriteStatements(
             write=change,
-            returning=change.returning(*self.key_columns),
-            proof=sa.select(*self.key_columns).where(fenced, self.status == status),
+            returning=change.returning(*self.key_columns, self.token),
+            held=sa.select(*self.key_columns, self.token).where(held).with_for_update(),
         )
         if plain:
             self._write_templates[key] = statements

@@ -244,3 +244,40 @@ def test_composite_primary_key(db: Harness) -> None:
     )
     assert [(row.tenant, row.n) for row in rows] == [("a", 1), ("b", 1), ("a", 2), ("b", 2)]
     assert db.scalar(sa.select(sa.func.count()).where(pairs.c.status == "running")) == 4
+
+
+def test_then_stays_atomic_on_an_engine_in_autocommit_mode(db: Harness) -> None:
+    if db.target.memory:
+        pytest.skip("a second engine on :memory: would be a different database")
+    work = make_work(db, 3)
+    audit = db.table("audit", sa.Column("id", sa.Integer, primary_key=True, autoincrement=False))
+
+    def record_then_refuse(conn: sa.Connection, rows: list[sa.Row[Any]]) -> None:
+        conn.execute(audit.insert(), [{"id": row.id} for row in rows])
+        raise LookupError("refused")
+
+    def record(conn: sa.Connection, rows: list[sa.Row[Any]]) -> None:
+        conn.execute(audit.insert(), [{"id": row.id} for row in rows])
+
+    arguments: dict[str, Any] = {
+        "where": work.c.status == "ready",
+        "set": {"status": "running"},
+        "limit": 2,
+        "order_by": "id",
+        "strategy": db.target.strategy,
+    }
+    if db.target.is_async:
+        engine = dibs.create_async_engine(db.url, isolation_level="AUTOCOMMIT")
+        with pytest.raises(LookupError):
+            db.run(dibs.aclaim(engine, work, then=record_then_refuse, **arguments))
+        claimed = db.run(dibs.aclaim(engine, work, then=record, **arguments))
+        db.run(engine.dispose())
+    else:
+        engine = dibs.create_engine(db.url, isolation_level="AUTOCOMMIT")
+        with pytest.raises(LookupError):
+            dibs.claim(engine, work, then=record_then_refuse, **arguments)
+        claimed = dibs.claim(engine, work, then=record, **arguments)
+        engine.dispose()
+    assert [row.id for row in claimed] == [1, 2]
+    assert sorted(row.id for row in db.rows(sa.select(audit))) == [1, 2]
+    assert db.scalar(sa.select(sa.func.count()).where(work.c.status == "ready")) == 1

@@ -142,3 +142,28 @@ def test_lease_claim_takes_criteria_order_and_extra_values(db: Harness) -> None:
         set={"payload": "picked"},
     )
     assert [(lease.key, lease.row.payload) for lease in held] == [((5,), "picked"), ((4,), "picked")]
+
+
+def test_a_batch_holding_a_stale_and_the_current_lease_of_one_row_reports_the_stale_one(db: Harness) -> None:
+    table, leases = make_leased(db, 1)
+    (stale,) = db.lease(leases, "claim", owner="worker-1", duration=30)
+    db.execute(sa.update(table).values(lease_expires_at=datetime(2000, 1, 1)))
+    (current,) = db.lease(leases, "claim", owner="worker-1", duration=30)
+    assert db.lease(leases, "complete_many", [stale, current]) == [stale]
+    assert db.rows(sa.select(table.c.status))[0].status == "done"
+
+
+def test_a_takeover_is_detected_inside_the_callers_own_transaction(db: Harness) -> None:
+    if db.target.is_async or not db.target.concurrent_writers:
+        pytest.skip("needs a second writer while the caller's transaction is open")
+    table, leases = make_leased(db, 1)
+    (stale,) = db.lease(leases, "claim", owner="worker-1", duration=30)
+    with db.engine.connect() as conn, conn.begin():
+        conn.execute(sa.select(table)).all()  # the caller's snapshot now shows its own lease
+        with db.admin.begin() as other:
+            other.execute(sa.update(table).values(lease_expires_at=datetime(2000, 1, 1)))
+        (current,) = leases.claim(db.admin, owner="worker-2", duration=30)
+        with pytest.raises(dibs.LeaseLost):
+            leases.renew(conn, stale, 60)
+    row = db.rows(sa.select(table))[0]
+    assert (row.lease_owner, row.lease_token) == ("worker-2", current.token)

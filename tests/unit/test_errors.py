@@ -164,3 +164,34 @@ def test_every_error_is_a_dibs_error() -> None:
     assert issubclass(dibs.InvalidArgument, ValueError)
     assert issubclass(dibs.FallbackWarning, dibs.DibsWarning)
     assert issubclass(dibs.DibsWarning, UserWarning)
+
+
+def test_lease_claims_take_any_order_form_and_keep_it(engine: sa.Engine) -> None:
+    class Base(DeclarativeBase):
+        pass
+
+    class Task(Base):
+        __tablename__ = "ordered_tasks"
+        id: Mapped[int] = mapped_column(primary_key=True)
+        prio: Mapped[int] = mapped_column()
+        status: Mapped[str] = mapped_column(sa.String(32), server_default="ready")
+        lease_owner: Mapped[str | None] = mapped_column(sa.String(200))
+        lease_expires_at: Mapped[Any] = mapped_column(dibs.Timestamp, nullable=True)
+        lease_token: Mapped[int] = mapped_column(server_default="0")
+        attempts: Mapped[int] = mapped_column(server_default="0")
+
+    Base.metadata.create_all(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(Task), [{"id": i, "prio": i % 3} for i in range(1, 13)])
+    leases = dibs.Leases(Task)
+    table = leases.table
+
+    def prios(order_by: Any) -> list[int]:
+        return [lease.row.prio for lease in leases.claim(engine, owner="w", duration=30, limit=3, order_by=order_by)]
+
+    assert prios(name for name in ("prio", "id")) == [0, 0, 0]  # a generator
+    assert prios(["prio", "id"]) == [0, 1, 1]  # the same order as a list still sorts
+    assert prios(Task.prio.desc()) == [2, 2, 2]  # an ORM attribute expression
+    assert prios(table.c.prio.desc()) == [2, 1, 1]  # a fresh expression each call
+    # One template per distinct column ordering, however the order is written and however often it is built.
+    assert len(leases._claim_templates) == 2

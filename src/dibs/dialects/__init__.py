@@ -81,7 +81,8 @@ def _choose(dialect: Dialect, name: str | None) -> ClaimStrategy:
         return PortableClaim(backend)
     if name == "postgresql":
         version = tuple(dialect.server_version_info or ())
-        return PostgreSQLClaim(materialized=not version or version >= MATERIALIZED_SINCE)
+        assert isinstance(backend, PostgreSQL)
+        return PostgreSQLClaim(backend, materialized=not version or version >= MATERIALIZED_SINCE)
     if isinstance(backend, SQLite):
         return SQLiteClaim(backend, returning=name == "sqlite")
     assert isinstance(backend, MySQL)

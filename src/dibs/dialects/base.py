@@ -12,10 +12,11 @@ the picked keys, lease owners and durations) so that a strategy can build them o
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, Generic, Protocol, TypeVar
+from datetime import datetime, timedelta, timezone
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
@@ -58,9 +59,30 @@ class ClaimRequest:
             query = query.where(self.where)
         return query.order_by(*self.order_by).limit(sa.bindparam(LIMIT, type_=sa.Integer))
 
-    def execution(self, **more: Any) -> dict[str, Any]:
-        """The parameter values for this request's statements."""
-        return {LIMIT: self.limit, **self.parameters, **more}
+    def execution(self) -> dict[str, Any]:
+        """The parameter values for this request's statements, with times from the application's clock
+        taken now: strategies ask for them once their transaction holds its locks."""
+        return resolve_times({LIMIT: self.limit, **self.parameters})
+
+
+class FromNow(NamedTuple):
+    """A parameter value: the application's clock ``seconds`` from when the statement runs."""
+
+    seconds: float
+
+
+def app_now() -> datetime:
+    """The application's clock in UTC without tzinfo: how SQLAlchemy stores DateTime where there is no
+    database clock it can do arithmetic on."""
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+def resolve_times(parameters: dict[str, Any]) -> dict[str, Any]:
+    """Parameters with each :class:`FromNow` turned into a time from the application's clock, now."""
+    for name, value in parameters.items():
+        if isinstance(value, FromNow):
+            parameters[name] = app_now() + timedelta(seconds=value.seconds)
+    return parameters
 
 
 class ClaimStrategy(Protocol):
@@ -84,8 +106,8 @@ class Backend(Protocol):
         """The fastest correct strategy this server supports (warns when it has to fall back)."""
         ...
 
-    def begin(self, conn: Connection) -> None:
-        """Run whatever must precede the first statement of a claim transaction."""
+    def transaction(self, conn: Connection) -> AbstractContextManager[None]:
+        """The transaction a multi-statement claim runs in, opened and committed (or rolled back) here."""
         ...
 
     def now(self) -> ColumnElement[datetime]:
@@ -144,6 +166,37 @@ class StatementCache(Generic[S]):
             if len(self._built) > self._size:
                 self._built.popitem(last=False)
             return built
+
+
+@contextmanager
+def explicit_transaction(conn: Connection, begin: Sequence[str], prepare: Sequence[str] = ()) -> Iterator[None]:
+    """A transaction on ``conn``: SQLAlchemy's, preceded by the ``prepare`` statements; or, when the driver is
+    in autocommit mode and SQLAlchemy's transaction would send nothing, a real one opened with the ``begin``
+    statements and ended with an explicit COMMIT or ROLLBACK (asyncio adapters do not end it otherwise)."""
+    with conn.begin():
+        if not driver_autocommit(conn.connection.dbapi_connection):
+            for statement in prepare:
+                conn.exec_driver_sql(statement)
+            yield
+            return
+        for statement in begin:
+            conn.exec_driver_sql(statement)
+        try:
+            yield
+        except BaseException:
+            conn.exec_driver_sql("ROLLBACK")
+            raise
+        conn.exec_driver_sql("COMMIT")
+
+
+def driver_autocommit(dbapi_connection: Any) -> bool:
+    """Whether a driver connection (possibly behind SQLAlchemy's asyncio adapter) is in autocommit mode."""
+    for candidate in (dbapi_connection, getattr(dbapi_connection, "_connection", None)):
+        get_autocommit = getattr(candidate, "get_autocommit", None)
+        state = get_autocommit() if callable(get_autocommit) else getattr(candidate, "autocommit", None)
+        if isinstance(state, bool):
+            return state
+    return False
 
 
 def key_of(row: Row[Any], key_columns: Sequence[sa.Column[Any]]) -> tuple[Any, ...]:

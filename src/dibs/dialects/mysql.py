@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -26,6 +27,7 @@ from dibs.dialects.base import (
     ClaimRequest,
     ClaimStrategy,
     StatementCache,
+    explicit_transaction,
     fenced_in_list,
     fenced_in_list_values,
     in_key_order,
@@ -73,9 +75,8 @@ class MySQLClaim:
     def claim(self, conn: Connection, request: ClaimRequest) -> list[Row[Any]]:
         keys = request.key_columns
         statements = self.statements(request)
-        parameters = request.execution()
-        with conn.begin():
-            self.backend.begin(conn)
+        with self.backend.transaction(conn):
+            parameters = request.execution()
             picked_rows = list(conn.execute(statements.pick, parameters))
             if not picked_rows:
                 return []
@@ -86,17 +87,6 @@ class MySQLClaim:
                 return run_then(conn, request, picked_rows)
             rows = list(conn.execute(statements.read, parameters))
             return run_then(conn, request, in_key_order(rows, picked, keys))
-
-
-def _driver_autocommit(dbapi_connection: Any) -> bool:
-    """Whether the driver connection (possibly behind SQLAlchemy's asyncio adapter) is in autocommit."""
-    for candidate in (dbapi_connection, getattr(dbapi_connection, "_connection", None)):
-        get_autocommit = getattr(candidate, "get_autocommit", None)
-        if callable(get_autocommit):
-            state = get_autocommit()
-            if isinstance(state, bool):
-                return state
-    return False
 
 
 class MySQL:
@@ -121,12 +111,11 @@ class MySQL:
             return PortableClaim(self)
         return MySQLClaim(self)
 
-    def begin(self, conn: Connection) -> None:
+    def transaction(self, conn: Connection) -> AbstractContextManager[None]:
         # SET TRANSACTION applies to the next transaction only, so the caller's session keeps its own
         # isolation level for everything else it does.
-        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        if _driver_autocommit(conn.connection.dbapi_connection):
-            conn.exec_driver_sql("START TRANSACTION")
+        level = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+        return explicit_transaction(conn, [level, "START TRANSACTION"], [level])
 
     def now(self) -> ColumnElement[datetime]:
         return sa.func.utc_timestamp(6, type_=sa.DateTime())

@@ -12,7 +12,8 @@ primary-key order, whatever the claim order, so that two claimers never deadlock
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from contextlib import AbstractContextManager
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
@@ -23,7 +24,10 @@ from dibs.dialects.base import (
     PICKED,
     ClaimRequest,
     ClaimStrategy,
+    FromNow,
     StatementCache,
+    app_now,
+    explicit_transaction,
     fenced_in_list,
     fenced_in_list_values,
     in_key_order,
@@ -76,9 +80,8 @@ class PortableClaim:
     def claim(self, conn: Connection, request: ClaimRequest) -> list[Row[Any]]:
         keys = request.key_columns
         statements = self.statements(request)
-        parameters = request.execution()
-        with conn.begin():
-            self.backend.begin(conn)
+        with self.backend.transaction(conn):
+            parameters = request.execution()
             candidates = [tuple(row) for row in conn.execute(statements.candidates, parameters)]
             if not candidates:
                 return []
@@ -104,12 +107,6 @@ class PortableClaim:
             return run_then(conn, request, in_key_order(rows, won_in_order, keys))
 
 
-def app_now() -> datetime:
-    """The application's clock in UTC without tzinfo: how SQLAlchemy stores DateTime where there is no
-    database clock it can do arithmetic on."""
-    return datetime.now(timezone.utc).replace(tzinfo=None)
-
-
 class AppClock:
     """Times from the application's clock, for databases whose clock dibs cannot do arithmetic with."""
 
@@ -120,7 +117,7 @@ class AppClock:
         return sa.bindparam(name, type_=sa.DateTime())
 
     def after_value(self, seconds: float) -> Any:
-        return app_now() + timedelta(seconds=seconds)
+        return FromNow(seconds)
 
 
 class Generic(AppClock):
@@ -132,8 +129,8 @@ class Generic(AppClock):
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
         return PortableClaim(self)
 
-    def begin(self, conn: Connection) -> None:
-        return None
+    def transaction(self, conn: Connection) -> AbstractContextManager[None]:
+        return explicit_transaction(conn, ["BEGIN"])
 
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         return None

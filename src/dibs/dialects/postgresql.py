@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
@@ -34,6 +35,7 @@ from dibs.dialects.base import (
     ClaimRequest,
     ClaimStrategy,
     StatementCache,
+    explicit_transaction,
     fenced_in_list,
     fenced_in_list_values,
     run_then,
@@ -52,12 +54,15 @@ class PostgreSQLClaim:
 
     name = "postgresql"
 
-    def __init__(self, *, materialized: bool = True) -> None:
+    def __init__(self, backend: PostgreSQL, *, materialized: bool = True) -> None:
+        self.backend = backend
         self.materialized = materialized
         self.statements = StatementCache(self.statement)
 
     def claim(self, conn: Connection, request: ClaimRequest) -> list[Row[Any]]:
-        with conn.begin():
+        # The claim alone is one atomic statement, even in autocommit; with more statements after it (then=)
+        # it needs a real transaction.
+        with conn.begin() if request.then is None else self.backend.transaction(conn):
             rows = list(conn.execute(self.statements(request), request.execution()).all())
             return run_then(conn, request, rows)
 
@@ -107,16 +112,22 @@ class PostgreSQL:
                 stacklevel=4,
             )
             return PortableClaim(self)
-        return PostgreSQLClaim(materialized=not version or version >= MATERIALIZED_SINCE)
+        return PostgreSQLClaim(self, materialized=not version or version >= MATERIALIZED_SINCE)
 
-    def begin(self, conn: Connection) -> None:
-        return None
+    def transaction(self, conn: Connection) -> AbstractContextManager[None]:
+        # A claim that takes more than one statement runs at READ COMMITTED, whatever the session's level:
+        # under REPEATABLE READ a row another worker just claimed makes FOR UPDATE fail instead of skipping.
+        return explicit_transaction(
+            conn, ["BEGIN ISOLATION LEVEL READ COMMITTED"], ["SET TRANSACTION ISOLATION LEVEL READ COMMITTED"]
+        )
 
     def now(self) -> ColumnElement[datetime]:
-        return sa.func.now(type_=sa.DateTime(timezone=True))
+        # The statement's start, not the transaction's (now()): a lease write that joins a caller's long
+        # transaction must count from when it runs.
+        return sa.func.statement_timestamp(type_=sa.DateTime(timezone=True))
 
     def after(self, name: str) -> ColumnElement[datetime]:
-        return sa.func.now(type_=sa.DateTime(timezone=True)) + sa.bindparam(name, type_=sa.Float) * sa.literal_column(
+        return self.now() + sa.bindparam(name, type_=sa.Float) * sa.literal_column(
             "interval '1 second'", type_=sa.Interval()
         )
 

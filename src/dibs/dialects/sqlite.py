@@ -16,7 +16,8 @@ SQLite runs in the application's process, so its clock is the application's cloc
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -76,9 +77,8 @@ class SQLiteClaim:
     def claim(self, conn: Connection, request: ClaimRequest) -> list[Row[Any]]:
         keys = request.key_columns
         statements = self.statements(request)
-        parameters = request.execution()
-        with conn.begin():
-            self.backend.begin(conn)
+        with self.backend.transaction(conn):
+            parameters = request.execution()
             picked = [tuple(row) for row in conn.execute(statements.pick, parameters)]
             if not picked:
                 return []
@@ -121,12 +121,16 @@ class SQLite(AppClock):
             return SQLiteClaim(self, returning=False)
         return SQLiteClaim(self, returning=True)
 
-    def begin(self, conn: Connection) -> None:
-        # A transaction the driver already opened (Python 3.12's autocommit=False, or an engine that
-        # emits its own BEGIN) is deferred; the claim is still correct there because SQLite refuses a
-        # write on a stale read snapshot, but it cannot wait on the busy handler.
-        if not _driver_in_transaction(conn.connection.dbapi_connection):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+    @contextmanager
+    def transaction(self, conn: Connection) -> Iterator[None]:
+        # pysqlite and aiosqlite commit a transaction opened by hand. One the driver already opened (Python
+        # 3.12's autocommit=False, or an engine that emits its own BEGIN) is deferred; the claim is still
+        # correct there because SQLite refuses a write on a stale read snapshot, but it cannot wait on the
+        # busy handler.
+        with conn.begin():
+            if not _driver_in_transaction(conn.connection.dbapi_connection):
+                conn.exec_driver_sql("BEGIN IMMEDIATE")
+            yield
 
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         original = exc.orig
