@@ -374,19 +374,19 @@ class Leases:
         statements = self._write_statements(backend, action, status, extra_values)
         parameters = {
             **parameters,
-            **backend.fenced_values(len(self.key_columns), [(*lease.key, lease.token) for lease in leases]),
+            **backend.fenced_values(self.key_columns, [(*lease.key, lease.token) for lease in leases]),
             **{f"dibs_set_{column.name}": value for column, value in extra_values.items()},
         }
         resolve_times(parameters)
         returning = bool(bind.dialect.update_returning)
         with _transaction(bind, autocommit=returning and backend.atomic_statements) as conn:
             if returning:
-                written = {tuple(row) for row in conn.execute(statements.returning, parameters)}
+                written = set(map(tuple, conn.execute(statements.returning, parameters)))
             else:
                 # No RETURNING: first lock the rows the write will change. A locking read sees the latest
                 # committed rows whatever the caller's snapshot, and holding the locks, exactly these rows
                 # are then written.
-                written = {tuple(row) for row in conn.execute(statements.held, parameters)}
+                written = set(map(tuple, conn.execute(statements.held, parameters)))
                 if written:
                     conn.execute(statements.write, parameters)
         return [lease for lease in leases if (*lease.key, lease.token) not in written]

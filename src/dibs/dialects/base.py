@@ -52,6 +52,10 @@ class ClaimRequest:
     def key_columns(self) -> tuple[sa.Column[Any], ...]:
         return tuple(self.table.primary_key.columns)
 
+    @property
+    def key_positions(self) -> tuple[int, ...]:
+        return key_positions(self.table)
+
     def candidates(self, *columns: ColumnElement[Any]) -> sa.Select[Any]:
         """SELECT the given columns of the eligible rows, in claim order, at most ``limit`` of them."""
         query = sa.select(*columns)
@@ -138,7 +142,7 @@ class Backend(Protocol):
         lease write. The parameter values come from :meth:`fenced_values`."""
         ...
 
-    def fenced_values(self, key_count: int, pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+    def fenced_values(self, key_columns: Sequence[sa.Column[Any]], pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
         """The parameter values of a :meth:`fenced` guard for ``pairs`` of (key..., token)."""
         ...
 
@@ -199,10 +203,15 @@ def driver_autocommit(dbapi_connection: Any) -> bool:
     return False
 
 
-def key_of(row: Row[Any], key_columns: Sequence[sa.Column[Any]]) -> tuple[Any, ...]:
-    """The primary key of a row as a tuple."""
-    mapping = row._mapping
-    return tuple(mapping[column.name] for column in key_columns)
+def key_positions(table: sa.Table) -> tuple[int, ...]:
+    """Where the primary-key columns stand among the table's columns (and so in a whole claimed row)."""
+    names = [column.name for column in table.columns]
+    return tuple(names.index(column.name) for column in table.primary_key.columns)
+
+
+def key_of(row: Row[Any], positions: Sequence[int]) -> tuple[Any, ...]:
+    """The primary key of a whole row of the table, as a tuple, from the key's positions."""
+    return tuple(row[position] for position in positions)
 
 
 def keys_in(key_columns: Sequence[sa.Column[Any]], name: str = PICKED) -> ColumnElement[bool]:
@@ -233,17 +242,19 @@ def fenced_in_list(key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any])
     )
 
 
-def fenced_in_list_values(key_count: int, pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+def fenced_in_list_values(key_columns: Sequence[sa.Column[Any]], pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+    key_count = len(key_columns)
     keys = [pair[0] if key_count == 1 else pair[:key_count] for pair in pairs]
     return {"dibs_fenced_keys": keys, "dibs_fenced_pairs": list(pairs)}
 
 
-def in_key_order(
-    rows: Sequence[Row[Any]], keys: Sequence[tuple[Any, ...]], key_columns: Sequence[sa.Column[Any]]
-) -> list[Row[Any]]:
-    """Rows sorted by where their key stands in ``keys`` (the order the database picked them in)."""
-    position = {key: index for index, key in enumerate(keys)}
-    return sorted(rows, key=lambda row: position[key_of(row, key_columns)])
+def in_key_order(rows: Sequence[Row[Any]], keys: Sequence[tuple[Any, ...]], positions: Sequence[int]) -> list[Row[Any]]:
+    """Whole rows sorted by where their key stands in ``keys`` (the order the database picked them in)."""
+    order = {key: index for index, key in enumerate(keys)}
+    if len(positions) == 1:
+        (at,) = positions
+        return sorted(rows, key=lambda row: order[(row[at],)])
+    return sorted(rows, key=lambda row: order[key_of(row, positions)])
 
 
 _ORDER_MODIFIERS: dict[Any, Callable[[ColumnElement[Any]], ColumnElement[Any]]] = {

@@ -80,13 +80,14 @@ class MySQLClaim:
             picked_rows = list(conn.execute(statements.pick, parameters))
             if not picked_rows:
                 return []
-            picked = [key_of(row, keys) for row in picked_rows]
+            positions = request.key_positions
+            picked = [key_of(row, positions) if request.delete else tuple(row) for row in picked_rows]
             parameters[PICKED] = key_values(keys, picked)
             conn.execute(statements.change, parameters)
             if request.delete:
                 return run_then(conn, request, picked_rows)
             rows = list(conn.execute(statements.read, parameters))
-            return run_then(conn, request, in_key_order(rows, picked, keys))
+            return run_then(conn, request, in_key_order(rows, picked, positions))
 
 
 class MySQL:
@@ -140,8 +141,8 @@ class MySQL:
     def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
         return fenced_in_list(key_columns, token)
 
-    def fenced_values(self, key_count: int, pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
-        return fenced_in_list_values(key_count, pairs)
+    def fenced_values(self, key_columns: Sequence[sa.Column[Any]], pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        return fenced_in_list_values(key_columns, pairs)
 
     def configure(self, engine: Engine) -> None:
         return None

@@ -90,7 +90,7 @@ class PortableClaim:
                 # The rows come back as they were, so read them before they go. A row that changes
                 # between this read and its delete, and still matches, comes back as first read.
                 chosen = {**parameters, PICKED: key_values(keys, candidates)}
-                before = {key_of(row, keys): row for row in conn.execute(statements.eligible, chosen)}
+                before = {key_of(row, request.key_positions): row for row in conn.execute(statements.eligible, chosen)}
             won = {
                 key
                 for key in sorted(before if request.delete else candidates)
@@ -104,7 +104,7 @@ class PortableClaim:
             # This transaction holds the won rows' locks, so this read sees them exactly as stored.
             chosen = {**parameters, PICKED: key_values(keys, won_in_order)}
             rows = list(conn.execute(statements.read, chosen))
-            return run_then(conn, request, in_key_order(rows, won_in_order, keys))
+            return run_then(conn, request, in_key_order(rows, won_in_order, request.key_positions))
 
 
 class AppClock:
@@ -141,8 +141,8 @@ class Generic(AppClock):
     def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
         return fenced_in_list(key_columns, token)
 
-    def fenced_values(self, key_count: int, pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
-        return fenced_in_list_values(key_count, pairs)
+    def fenced_values(self, key_columns: Sequence[sa.Column[Any]], pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        return fenced_in_list_values(key_columns, pairs)
 
     def configure(self, engine: Engine) -> None:
         return None

@@ -151,9 +151,9 @@ class PostgreSQL:
         held = sa.func.unnest(keys, tokens).table_valued("key", "token").render_derived()
         return sa.and_(key == sa.any_(keys), sa.tuple_(key, token).in_(sa.select(held.c.key, held.c.token)))
 
-    def fenced_values(self, key_count: int, pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
-        if key_count != 1:
-            return fenced_in_list_values(key_count, pairs)
+    def fenced_values(self, key_columns: Sequence[sa.Column[Any]], pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        if len(key_columns) != 1:
+            return fenced_in_list_values(key_columns, pairs)
         return {"dibs_fenced_keys": [pair[0] for pair in pairs], "dibs_fenced_tokens": [pair[1] for pair in pairs]}
 
     def configure(self, engine: Engine) -> None:

@@ -15,6 +15,8 @@ SQLite runs in the application's process, so its clock is the application's cloc
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -41,6 +43,7 @@ from dibs.dialects.base import (
 from dibs.dialects.portable import AppClock
 
 RETURNING_SINCE = (3, 35)
+JSON_BUILT_IN = sqlite3.sqlite_version_info >= (3, 38)
 BUSY_TIMEOUT_SECONDS = 10.0
 _BUSY_CODES = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED (primary result codes)
 
@@ -64,7 +67,7 @@ class SQLiteClaim:
 
     def build(self, request: ClaimRequest) -> _Statements:
         table = request.table
-        chosen = keys_in(request.key_columns)
+        chosen = json_keys_in(request.key_columns) if json_keys(request.key_columns) else keys_in(request.key_columns)
         change: sa.Update | sa.Delete = (
             sa.delete(table).where(chosen)
             if request.delete
@@ -82,7 +85,7 @@ class SQLiteClaim:
             picked = [tuple(row) for row in conn.execute(statements.pick, parameters)]
             if not picked:
                 return []
-            parameters[PICKED] = key_values(keys, picked)
+            parameters[PICKED] = json.dumps([key[0] for key in picked]) if json_keys(keys) else key_values(keys, picked)
             if statements.read is None:
                 rows = list(conn.execute(statements.change, parameters))
             elif request.delete:
@@ -91,7 +94,26 @@ class SQLiteClaim:
             else:
                 conn.execute(statements.change, parameters)
                 rows = list(conn.execute(statements.read, parameters))
-            return run_then(conn, request, in_key_order(rows, picked, keys))
+            return run_then(conn, request, in_key_order(rows, picked, request.key_positions))
+
+
+def json_keys(key_columns: Sequence[sa.Column[Any]]) -> bool:
+    """Whether lists of these keys go to SQLite as one JSON array (read with json_each) rather than one
+    parameter per key: a single integer or text key, which JSON carries exactly, on SQLite 3.38 or later
+    (JSON built in). One parameter keeps the statement text the same whatever the batch size, so neither
+    SQLAlchemy nor SQLite prepares it anew, and a batch of thousands stays one short statement."""
+    if not JSON_BUILT_IN or len(key_columns) != 1:
+        return False
+    try:
+        return key_columns[0].type.python_type in (int, str)
+    except NotImplementedError:
+        return False
+
+
+def json_keys_in(key_columns: Sequence[sa.Column[Any]]) -> ColumnElement[bool]:
+    """``pk IN (SELECT value FROM json_each(:dibs_picked))``."""
+    listed = sa.func.json_each(sa.bindparam(PICKED, type_=sa.String)).table_valued("value")
+    return key_columns[0].in_(sa.select(listed.c.value))
 
 
 def _driver_in_transaction(dbapi_connection: Any) -> bool:
@@ -150,10 +172,19 @@ class SQLite(AppClock):
         return {**options, "connect_args": connect_args}
 
     def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
-        return fenced_in_list(key_columns, token)
+        if not json_keys(key_columns):
+            return fenced_in_list(key_columns, token)
+        # (key, token) pairs as one JSON array of two-element arrays.
+        pairs = sa.bindparam("dibs_fenced_pairs", type_=sa.String)
+        held = sa.func.json_each(pairs).table_valued("value")
+        key, held_token = sa.func.json_extract(held.c.value, "$[0]"), sa.func.json_extract(held.c.value, "$[1]")
+        column = key_columns[0]
+        return sa.and_(column.in_(sa.select(key)), sa.tuple_(column, token).in_(sa.select(key, held_token)))
 
-    def fenced_values(self, key_count: int, pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
-        return fenced_in_list_values(key_count, pairs)
+    def fenced_values(self, key_columns: Sequence[sa.Column[Any]], pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        if not json_keys(key_columns):
+            return fenced_in_list_values(key_columns, pairs)
+        return {"dibs_fenced_pairs": json.dumps(pairs)}  # tuples become JSON arrays
 
     def configure(self, engine: Engine) -> None:
         """WAL (readers never block the writer) and fsync at checkpoints only."""
