@@ -109,8 +109,9 @@ RETURNING t.*
 PG_COMPLETE = f"""
 UPDATE {TABLE} SET status = 'done', lease_expires_at = NULL
 WHERE id = ANY(%(ids)s::bigint[])
-    AND (id, lease_token) IN (SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::bigint[])) AND status = 'running'
-RETURNING id
+    AND lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], id)]
+    AND status = 'running'
+RETURNING id, lease_token
 """
 
 

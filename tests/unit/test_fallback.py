@@ -50,7 +50,7 @@ def test_postgresql_without_skip_locked(postgres_database: sa.URL) -> None:
             warnings.simplefilter("always")
             claimed = claim_on_old_server(engine, (9, 4))
         assert [str(w.message) for w in caught if w.category is dibs.FallbackWarning] == [
-            "PostgreSQL 9.4 has no SKIP LOCKED (9.5 and later do); dibs falls back to the portable "
+            "PostgreSQL 9.4 has no SKIP LOCKED (PostgreSQL 9.5 and later do); dibs falls back to the portable "
             "guarded-update claim, which is correct but slower."
         ]  # once, though the engine claimed twice
         assert claimed == [[1, 2, 3], [4, 5]]

@@ -12,7 +12,7 @@ from weakref import WeakKeyDictionary
 from sqlalchemy.engine import Dialect
 
 from dibs._errors import InvalidArgument
-from dibs.dialects.base import Backend, ClaimRequest, ClaimStrategy
+from dibs.dialects.base import Backend, ClaimRequest, ClaimStrategy, server_version
 from dibs.dialects.mysql import MySQL, MySQLClaim
 from dibs.dialects.portable import Generic, PortableClaim
 from dibs.dialects.postgresql import MATERIALIZED_SINCE, PostgreSQL, PostgreSQLClaim
@@ -80,7 +80,7 @@ def _choose(dialect: Dialect, name: str | None) -> ClaimStrategy:
     if name == "portable":
         return PortableClaim(backend)
     if name == "postgresql":
-        version = tuple(dialect.server_version_info or ())
+        version = server_version(dialect)
         assert isinstance(backend, PostgreSQL)
         return PostgreSQLClaim(backend, materialized=not version or version >= MATERIALIZED_SINCE)
     if isinstance(backend, SQLite):

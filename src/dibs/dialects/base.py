@@ -11,6 +11,7 @@ the picked keys, lease owners and durations) so that a strategy can build them o
 
 from __future__ import annotations
 
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -21,6 +22,8 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement, operators
+
+from dibs._errors import FallbackWarning
 
 Then = Callable[[Connection, list[Row[Any]]], object]
 S = TypeVar("S")
@@ -149,6 +152,26 @@ class Backend(Protocol):
     def configure(self, engine: Engine) -> None:
         """Tune an engine dibs creates (never one the caller built) for many concurrent claimers."""
         ...
+
+
+def server_version(dialect: Dialect) -> tuple[int, ...]:
+    """The connected server's version numbers, () before the first connection."""
+    numbers: list[int] = []
+    for part in dialect.server_version_info or ():
+        if not isinstance(part, int):
+            break
+        numbers.append(part)
+    return tuple(numbers)
+
+
+def warn_fallback(product: str, version: tuple[int, ...], missing: str, since: tuple[int, ...], instead: str) -> None:
+    """Say, once per engine, that the server lacks the fast path's feature and what dibs does instead."""
+    warnings.warn(
+        f"{product} {'.'.join(map(str, version))} has no {missing} ({product} {'.'.join(map(str, since))} "
+        f"and later do); dibs {instead}, which is correct but slower.",
+        FallbackWarning,
+        stacklevel=6,
+    )
 
 
 class StatementCache(Generic[S]):

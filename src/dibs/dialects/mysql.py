@@ -11,7 +11,6 @@ Times come from ``UTC_TIMESTAMP(6)``, the server's clock in UTC with microsecond
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -21,7 +20,6 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement
 
-from dibs._errors import FallbackWarning
 from dibs.dialects.base import (
     PICKED,
     ClaimRequest,
@@ -35,8 +33,10 @@ from dibs.dialects.base import (
     key_values,
     keys_in,
     run_then,
+    server_version,
+    warn_fallback,
 )
-from dibs.dialects.portable import PortableClaim
+from dibs.dialects.portable import PORTABLE_INSTEAD, PortableClaim
 
 MYSQL_SKIP_LOCKED_SINCE = (8, 0, 1)
 MARIADB_SKIP_LOCKED_SINCE = (10, 6)
@@ -51,9 +51,8 @@ class _Statements(NamedTuple):
 class MySQLClaim:
     """Three statements in one READ COMMITTED transaction."""
 
-    single_statement = False
-
     name = "mysql"
+    single_statement = False
 
     def __init__(self, backend: MySQL) -> None:
         self.backend = backend
@@ -97,18 +96,11 @@ class MySQL:
     atomic_statements = False
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
-        version = tuple(dialect.server_version_info or ())
+        version = server_version(dialect)
         mariadb = bool(getattr(dialect, "is_mariadb", False))
         needed = MARIADB_SKIP_LOCKED_SINCE if mariadb else MYSQL_SKIP_LOCKED_SINCE
         if version and version < needed:
-            product = "MariaDB" if mariadb else "MySQL"
-            warnings.warn(
-                f"{product} {'.'.join(map(str, version))} has no SKIP LOCKED "
-                f"({product} {'.'.join(map(str, needed))} and later do); dibs falls back to the portable "
-                "guarded-update claim, which is correct but slower.",
-                FallbackWarning,
-                stacklevel=4,
-            )
+            warn_fallback("MariaDB" if mariadb else "MySQL", version, "SKIP LOCKED", needed, PORTABLE_INSTEAD)
             return PortableClaim(self)
         return MySQLClaim(self)
 

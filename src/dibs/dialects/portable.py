@@ -50,12 +50,15 @@ class _Statements(NamedTuple):
     claim_one: sa.Update | sa.Delete  # the guarded write of one row
 
 
+#: What the fallback warning says dibs does on a server without its native claim.
+PORTABLE_INSTEAD = "falls back to the portable guarded-update claim"
+
+
 class PortableClaim:
     """1 + N round trips: read candidates, then one guarded write per candidate."""
 
-    single_statement = False
-
     name = "portable"
+    single_statement = False
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend

@@ -19,7 +19,6 @@ the database's own collation.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
@@ -29,8 +28,8 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement
+from sqlalchemy.sql.elements import Grouping
 
-from dibs._errors import FallbackWarning
 from dibs.dialects.base import (
     ClaimRequest,
     ClaimStrategy,
@@ -39,9 +38,11 @@ from dibs.dialects.base import (
     fenced_in_list,
     fenced_in_list_values,
     run_then,
+    server_version,
     split_order,
+    warn_fallback,
 )
-from dibs.dialects.portable import PortableClaim
+from dibs.dialects.portable import PORTABLE_INSTEAD, PortableClaim
 
 SKIP_LOCKED_SINCE = (9, 5)
 MATERIALIZED_SINCE = (12,)
@@ -50,9 +51,8 @@ MATERIALIZED_SINCE = (12,)
 class PostgreSQLClaim:
     """One round trip: lock with SKIP LOCKED in a materialized CTE, update, return."""
 
-    single_statement = True
-
     name = "postgresql"
+    single_statement = True
 
     def __init__(self, backend: PostgreSQL, *, materialized: bool = True) -> None:
         self.backend = backend
@@ -103,14 +103,9 @@ class PostgreSQL:
     atomic_statements = True
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
-        version = tuple(dialect.server_version_info or ())
+        version = server_version(dialect)
         if version and version < SKIP_LOCKED_SINCE:
-            warnings.warn(
-                f"PostgreSQL {'.'.join(map(str, version))} has no SKIP LOCKED (9.5 and later do); "
-                "dibs falls back to the portable guarded-update claim, which is correct but slower.",
-                FallbackWarning,
-                stacklevel=4,
-            )
+            warn_fallback("PostgreSQL", version, "SKIP LOCKED", SKIP_LOCKED_SINCE, PORTABLE_INSTEAD)
             return PortableClaim(self)
         return PostgreSQLClaim(self, materialized=not version or version >= MATERIALIZED_SINCE)
 
@@ -141,20 +136,30 @@ class PostgreSQL:
         return options
 
     def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
-        """Arrays of keys and tokens, unnested: one statement text for any batch size (psycopg prepares it
-        after a few runs), where a row-value IN list of n pairs costs milliseconds to plan."""
+        """``pk = ANY(:keys) AND token = (:tokens)[array_position(:keys, pk)]``: one statement text for any
+        batch size, found by primary key, with no join whose plan could go wrong. Queue tables change faster
+        than their statistics: with a join (or a semi-join) against the arrays the planner, believing no row
+        is running, picked nested loops of n x n compares; a row-value IN list of n pairs took milliseconds
+        to plan."""
         if len(key_columns) != 1:
             return fenced_in_list(key_columns, token)
         key = key_columns[0]
         keys = sa.bindparam("dibs_fenced_keys", type_=postgresql.ARRAY(key.type))
         tokens = sa.bindparam("dibs_fenced_tokens", type_=postgresql.ARRAY(token.type))
-        held = sa.func.unnest(keys, tokens).table_valued("key", "token").render_derived()
-        return sa.and_(key == sa.any_(keys), sa.tuple_(key, token).in_(sa.select(held.c.key, held.c.token)))
+        position = sa.func.array_position(keys, key, type_=sa.Integer)
+        # Parenthesised, or PostgreSQL reads the subscript as part of the parameter's type cast.
+        return sa.and_(key == sa.any_(keys), token == Grouping(tokens)[position])
 
     def fenced_values(self, key_columns: Sequence[sa.Column[Any]], pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
         if len(key_columns) != 1:
             return fenced_in_list_values(key_columns, pairs)
-        return {"dibs_fenced_keys": [pair[0] for pair in pairs], "dibs_fenced_tokens": [pair[1] for pair in pairs]}
+        # One token per key: tokens only grow, so of two leases on one row only the newer can still hold,
+        # and array_position finds the first occurrence of a key.
+        newest: dict[Any, Any] = {}
+        for key, token in pairs:
+            if key not in newest or token > newest[key]:
+                newest[key] = token
+        return {"dibs_fenced_keys": list(newest), "dibs_fenced_tokens": list(newest.values())}
 
     def configure(self, engine: Engine) -> None:
         return None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NamedTuple
@@ -27,7 +26,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement
 
-from dibs._errors import Busy, FallbackWarning
+from dibs._errors import Busy
 from dibs.dialects.base import (
     PICKED,
     ClaimRequest,
@@ -39,6 +38,8 @@ from dibs.dialects.base import (
     key_values,
     keys_in,
     run_then,
+    server_version,
+    warn_fallback,
 )
 from dibs.dialects.portable import AppClock
 
@@ -132,13 +133,10 @@ class SQLite(AppClock):
     atomic_statements = False
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
-        version = tuple(dialect.server_version_info or ())
+        version = server_version(dialect)
         if version and version < RETURNING_SINCE:
-            warnings.warn(
-                f"SQLite {'.'.join(map(str, version))} has no RETURNING (3.35 and later do); dibs reads "
-                "claimed rows back in the same transaction instead, which is correct but slower.",
-                FallbackWarning,
-                stacklevel=4,
+            warn_fallback(
+                "SQLite", version, "RETURNING", RETURNING_SINCE, "reads claimed rows back in the same transaction"
             )
             return SQLiteClaim(self, returning=False)
         return SQLiteClaim(self, returning=True)
