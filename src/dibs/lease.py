@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -86,24 +86,35 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
 
 
+#: Lease writes go in chunks of at most this many leases, which bounds both the statement's parameters
+#: and PostgreSQL's per-row scan of the token array.
+WRITE_CHUNK = 1000
+
+
 @contextmanager
-def _transaction(bind: Engine | Connection, *, autocommit: bool = False) -> Iterator[Connection]:
-    """The caller's open transaction if it has one (the write joins it), else a new one that commits.
+def _transaction(
+    bind: Engine | Connection,
+    open_transaction: Callable[[Connection], AbstractContextManager[Any]],
+    *,
+    autocommit: bool = False,
+) -> Iterator[Connection]:
+    """The caller's open transaction if it has one (the write joins it), else one ``open_transaction``
+    opens and commits.
 
     ``autocommit``: the work is one statement the database runs atomically on its own; on a connection
     dibs checks out itself it then runs without BEGIN and COMMIT.
     """
     if isinstance(bind, Engine):
-        if autocommit:
-            with bind.connect() as conn:
+        with bind.connect() as conn:
+            if autocommit:
                 yield conn.execution_options(isolation_level="AUTOCOMMIT")
-            return
-        with bind.begin() as conn:
-            yield conn
+                return
+            with open_transaction(conn):
+                yield conn
     elif bind.in_transaction():
         yield bind
     else:
-        with bind.begin():
+        with open_transaction(bind):
             yield bind
 
 
@@ -372,23 +383,33 @@ class Leases:
         backend = backend_for(bind.dialect)
         extra_values = {column_of(self.table, key, "set"): value for key, value in (extra or {}).items()}
         statements = self._write_statements(backend, action, status, extra_values)
-        parameters = {
-            **parameters,
-            **backend.fenced_values(self.key_columns, [(*lease.key, lease.token) for lease in leases]),
-            **{f"dibs_set_{column.name}": value for column, value in extra_values.items()},
-        }
+        parameters = {**parameters, **{f"dibs_set_{column.name}": value for column, value in extra_values.items()}}
         resolve_times(parameters)
         returning = bool(bind.dialect.update_returning)
-        with _transaction(bind, autocommit=returning and backend.atomic_statements) as conn:
-            if returning:
-                written = set(map(tuple, conn.execute(statements.returning, parameters)))
-            else:
-                # No RETURNING: first lock the rows the write will change. A locking read sees the latest
-                # committed rows whatever the caller's snapshot, and holding the locks, exactly these rows
-                # are then written.
-                written = set(map(tuple, conn.execute(statements.held, parameters)))
-                if written:
-                    conn.execute(statements.write, parameters)
+        if returning:
+            # One statement: atomic on its own, so it may run in autocommit where the backend allows.
+            transaction = _transaction(bind, Connection.begin, autocommit=backend.atomic_statements)
+        else:
+            # Lock, read, then write: the backend's own transaction, real even in autocommit mode, keeps
+            # the locks of the read until the write.
+            transaction = _transaction(bind, backend.transaction)
+        written: set[tuple[Any, ...]] = set()
+        with transaction as conn:
+            for start in range(0, len(leases), WRITE_CHUNK):
+                chunk = leases[start : start + WRITE_CHUNK]
+                chunk_parameters = {
+                    **parameters,
+                    **backend.fenced_values(self.key_columns, [(*lease.key, lease.token) for lease in chunk]),
+                }
+                if returning:
+                    written.update(map(tuple, conn.execute(statements.returning, chunk_parameters)))
+                    continue
+                # A locking read sees the latest committed rows whatever the caller's snapshot, and
+                # holding their locks, exactly these rows are then written.
+                held = set(map(tuple, conn.execute(statements.held, chunk_parameters)))
+                if held:
+                    conn.execute(statements.write, chunk_parameters)
+                written |= held
         return [lease for lease in leases if (*lease.key, lease.token) not in written]
 
     def _write_statements(

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
@@ -169,3 +171,26 @@ def test_a_takeover_is_detected_inside_the_callers_own_transaction(db: Harness) 
             leases.renew(conn, stale, 60)
     row = db.rows(sa.select(table))[0]
     assert (row.lease_owner, row.lease_token) == ("worker-2", current.token)
+
+
+@pytest.mark.parametrize(
+    ("key_type", "keys"),
+    [
+        (sa.Uuid(as_uuid=False), [str(uuid.UUID(int=n)) for n in (1, 2, 3)]),
+        (sa.String(40), ["plain", "quote ' and \" and \\\\", "unicode ü 😀", "nul \x00 inside"]),
+    ],
+    ids=["uuid-as-text", "text"],
+)
+def test_keys_of_other_types_are_claimed_and_fenced_exactly(db: Harness, key_type: Any, keys: list[str]) -> None:
+    if "\x00" in "".join(keys) and db.family == "postgresql":
+        keys = [key for key in keys if "\x00" not in key]  # PostgreSQL text cannot hold NUL at all
+    table = db.table("typed", sa.Column("id", key_type, primary_key=True), *dibs.lease_columns())
+    db.execute(table.insert(), [{"id": key} for key in keys])
+    leases = db.leases(table)
+    held = db.lease(leases, "claim", owner="worker-1", duration=30, limit=10, order_by="id")
+    assert sorted(lease.key[0] for lease in held) == sorted(keys)
+    db.execute(sa.update(table).where(table.c.id == keys[0]).values(lease_expires_at=datetime(2000, 1, 1)))
+    (current,) = db.lease(leases, "claim", owner="worker-2", duration=30)
+    lost = db.lease(leases, "complete_many", [*held, current])
+    assert [lease.key[0] for lease in lost] == [keys[0]]  # only the lease that was taken over
+    assert {row.status for row in db.rows(sa.select(table))} == {"done"}

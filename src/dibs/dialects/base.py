@@ -14,7 +14,7 @@ from __future__ import annotations
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
@@ -154,6 +154,26 @@ class Backend(Protocol):
         ...
 
 
+class BackendDefaults:
+    """What a backend does unless it says otherwise: no error translation, no engine tuning, and batched
+    lease writes guarded by ``pk IN (...) AND (pk, token) IN (...)``."""
+
+    def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
+        return None
+
+    def engine_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        return options
+
+    def configure(self, engine: Engine) -> None:
+        return None
+
+    def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
+        return fenced_in_list(key_columns, token)
+
+    def fenced_values(self, key_columns: Sequence[sa.Column[Any]], pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        return fenced_in_list_values(key_columns, pairs)
+
+
 def server_version(dialect: Dialect) -> tuple[int, ...]:
     """The connected server's version numbers, () before the first connection."""
     numbers: list[int] = []
@@ -211,7 +231,11 @@ def explicit_transaction(conn: Connection, begin: Sequence[str], prepare: Sequen
         try:
             yield
         except BaseException:
-            conn.exec_driver_sql("ROLLBACK")
+            # The original error is what the caller needs to see. A connection SQLAlchemy has already
+            # invalidated (a cancelled task, a lost server) rolled back on its own, when it closed.
+            if not conn.invalidated:
+                with suppress(Exception):
+                    conn.exec_driver_sql("ROLLBACK")
             raise
         conn.exec_driver_sql("COMMIT")
 

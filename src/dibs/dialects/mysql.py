@@ -11,23 +11,21 @@ Times come from ``UTC_TIMESTAMP(6)``, the server's clock in UTC with microsecond
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Dialect, Engine, Row
+from sqlalchemy.engine import Connection, Dialect, Row
 from sqlalchemy.sql import ColumnElement
 
 from dibs.dialects.base import (
     PICKED,
+    BackendDefaults,
     ClaimRequest,
     ClaimStrategy,
     StatementCache,
     explicit_transaction,
-    fenced_in_list,
-    fenced_in_list_values,
     in_key_order,
     key_of,
     key_values,
@@ -89,7 +87,7 @@ class MySQLClaim:
             return run_then(conn, request, in_key_order(rows, picked, positions))
 
 
-class MySQL:
+class MySQL(BackendDefaults):
     """MySQL 8.0.1+ and MariaDB 10.6+ natively; older servers fall back to the portable strategy."""
 
     name = "mysql"
@@ -123,18 +121,3 @@ class MySQL:
 
     def after_value(self, seconds: float) -> Any:
         return round(seconds * 1_000_000)
-
-    def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
-        return None
-
-    def engine_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        return options
-
-    def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
-        return fenced_in_list(key_columns, token)
-
-    def fenced_values(self, key_columns: Sequence[sa.Column[Any]], pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
-        return fenced_in_list_values(key_columns, pairs)
-
-    def configure(self, engine: Engine) -> None:
-        return None

@@ -11,25 +11,23 @@ primary-key order, whatever the claim order, so that two claimers never deadlock
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Dialect, Engine, Row
+from sqlalchemy.engine import Connection, Dialect, Row
 from sqlalchemy.sql import ColumnElement
 
 from dibs.dialects.base import (
     PICKED,
+    BackendDefaults,
     ClaimRequest,
     ClaimStrategy,
     FromNow,
     StatementCache,
     app_now,
     explicit_transaction,
-    fenced_in_list,
-    fenced_in_list_values,
     in_key_order,
     key_equals,
     key_of,
@@ -123,7 +121,7 @@ class AppClock:
         return FromNow(seconds)
 
 
-class Generic(AppClock):
+class Generic(AppClock, BackendDefaults):
     """A dialect dibs has no native strategy for: portable claim, application clock."""
 
     name = "generic"
@@ -134,18 +132,3 @@ class Generic(AppClock):
 
     def transaction(self, conn: Connection) -> AbstractContextManager[None]:
         return explicit_transaction(conn, ["BEGIN"])
-
-    def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
-        return None
-
-    def engine_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        return options
-
-    def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
-        return fenced_in_list(key_columns, token)
-
-    def fenced_values(self, key_columns: Sequence[sa.Column[Any]], pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
-        return fenced_in_list_values(key_columns, pairs)
-
-    def configure(self, engine: Engine) -> None:
-        return None

@@ -26,11 +26,12 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import Connection, Dialect, Engine, Row
+from sqlalchemy.engine import Connection, Dialect, Row
 from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.elements import Grouping
 
 from dibs.dialects.base import (
+    BackendDefaults,
     ClaimRequest,
     ClaimStrategy,
     StatementCache,
@@ -96,7 +97,7 @@ class PostgreSQLClaim:
         )
 
 
-class PostgreSQL:
+class PostgreSQL(BackendDefaults):
     """PostgreSQL 9.5 and later natively; older servers fall back to the portable strategy."""
 
     name = "postgresql"
@@ -129,24 +130,19 @@ class PostgreSQL:
     def after_value(self, seconds: float) -> Any:
         return float(seconds)
 
-    def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
-        return None
-
-    def engine_options(self, options: dict[str, Any]) -> dict[str, Any]:
-        return options
-
     def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
         """``pk = ANY(:keys) AND token = (:tokens)[array_position(:keys, pk)]``: one statement text for any
         batch size, found by primary key, with no join whose plan could go wrong. Queue tables change faster
         than their statistics: with a join (or a semi-join) against the arrays the planner, believing no row
         is running, picked nested loops of n x n compares; a row-value IN list of n pairs took milliseconds
-        to plan."""
+        to plan. array_position scans the array for each row, so lease writes come in chunks."""
         if len(key_columns) != 1:
             return fenced_in_list(key_columns, token)
         key = key_columns[0]
         keys = sa.bindparam("dibs_fenced_keys", type_=postgresql.ARRAY(key.type))
         tokens = sa.bindparam("dibs_fenced_tokens", type_=postgresql.ARRAY(token.type))
-        position = sa.func.array_position(keys, key, type_=sa.Integer)
+        # The cast matches the array's element type exactly, which array_position needs before PostgreSQL 13.
+        position = sa.func.array_position(keys, sa.cast(key, key.type), type_=sa.Integer)
         # Parenthesised, or PostgreSQL reads the subscript as part of the parameter's type cast.
         return sa.and_(key == sa.any_(keys), token == Grouping(tokens)[position])
 
@@ -160,6 +156,3 @@ class PostgreSQL:
             if key not in newest or token > newest[key]:
                 newest[key] = token
         return {"dibs_fenced_keys": list(newest), "dibs_fenced_tokens": list(newest.values())}
-
-    def configure(self, engine: Engine) -> None:
-        return None

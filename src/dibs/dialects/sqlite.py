@@ -29,6 +29,7 @@ from sqlalchemy.sql import ColumnElement
 from dibs._errors import Busy
 from dibs.dialects.base import (
     PICKED,
+    BackendDefaults,
     ClaimRequest,
     ClaimStrategy,
     StatementCache,
@@ -100,15 +101,15 @@ class SQLiteClaim:
 
 def json_keys(key_columns: Sequence[sa.Column[Any]]) -> bool:
     """Whether lists of these keys go to SQLite as one JSON array (read with json_each) rather than one
-    parameter per key: a single integer or text key, which JSON carries exactly, on SQLite 3.38 or later
-    (JSON built in). One parameter keeps the statement text the same whatever the batch size, so neither
-    SQLAlchemy nor SQLite prepares it anew, and a batch of thousands stays one short statement."""
-    if not JSON_BUILT_IN or len(key_columns) != 1:
-        return False
-    try:
-        return key_columns[0].type.python_type in (int, str)
-    except NotImplementedError:
-        return False
+    parameter per key: a single plain integer key, which JSON carries exactly and SQLite compares as the
+    column stores it, on SQLite 3.38 or later (JSON built in). One parameter keeps the statement text the
+    same whatever the batch size, so neither SQLAlchemy nor SQLite prepares it anew. Other keys (text,
+    whose NUL bytes JSON would cut; types that convert values on the way in) keep a parameter each."""
+    return (
+        JSON_BUILT_IN
+        and len(key_columns) == 1
+        and type(key_columns[0].type) in (sa.Integer, sa.BigInteger, sa.SmallInteger, sa.INTEGER, sa.BIGINT)
+    )
 
 
 def json_keys_in(key_columns: Sequence[sa.Column[Any]]) -> ColumnElement[bool]:
@@ -126,7 +127,7 @@ def _driver_in_transaction(dbapi_connection: Any) -> bool:
     return False
 
 
-class SQLite(AppClock):
+class SQLite(AppClock, BackendDefaults):
     """SQLite 3.35 and later with RETURNING; older versions read the claimed rows back."""
 
     name = "sqlite"
