@@ -52,16 +52,24 @@ dibs_pg_bin() {
     ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1
 }
 
+# dibs_server_found NAME URL_VARIABLE PORT: succeeds (and says which) when the server named by the URL
+# variable, or one on the usual loopback port, is to be used; fails when a throwaway one must start.
+dibs_server_found() {
+    local name="$1" variable="$2" port="$3"
+    if [ -n "${!variable:-}" ]; then
+        echo "== $name: ${!variable} (from $variable)"
+        return 0
+    fi
+    if [ -z "${DIBS_TEST_THROWAWAY:-}" ] && dibs_port_open 127.0.0.1 "$port"; then
+        echo "== $name: using the server on 127.0.0.1:$port"
+        return 0
+    fi
+    echo "== $name: none on 127.0.0.1:$port; starting a throwaway server"
+    return 1
+}
+
 dibs_postgres() {
-    if [ -n "${DIBS_TEST_POSTGRES_URL:-}" ]; then
-        echo "== PostgreSQL: $DIBS_TEST_POSTGRES_URL (from DIBS_TEST_POSTGRES_URL)"
-        return
-    fi
-    if [ -z "${DIBS_TEST_THROWAWAY:-}" ] && dibs_port_open 127.0.0.1 5432; then
-        echo "== PostgreSQL: using the server on 127.0.0.1:5432"
-        return
-    fi
-    echo "== PostgreSQL: none on 127.0.0.1:5432; starting a throwaway server"
+    dibs_server_found PostgreSQL DIBS_TEST_POSTGRES_URL 5432 && return
     [ -n "$(dibs_pg_bin)" ] || dibs_apt_install postgresql
     dibs_throwaway_dir
     local port=54329 bin
@@ -78,15 +86,7 @@ dibs_postgres() {
 }
 
 dibs_mariadb() {
-    if [ -n "${DIBS_TEST_MARIADB_URL:-}" ]; then
-        echo "== MariaDB: $DIBS_TEST_MARIADB_URL (from DIBS_TEST_MARIADB_URL)"
-        return
-    fi
-    if [ -z "${DIBS_TEST_THROWAWAY:-}" ] && dibs_port_open 127.0.0.1 3306; then
-        echo "== MariaDB: using the server on 127.0.0.1:3306"
-        return
-    fi
-    echo "== MariaDB: none on 127.0.0.1:3306; starting a throwaway server"
+    dibs_server_found MariaDB DIBS_TEST_MARIADB_URL 3306 && return
     command -v mariadbd >/dev/null 2>&1 || [ -x /usr/sbin/mariadbd ] || dibs_apt_install mariadb-server
     dibs_throwaway_dir
     local port=33069 user=root data="$DIBS_THROWAWAY_DIR/mariadb"
