@@ -4,9 +4,13 @@
 
     DibsError
     ├── InvalidArgument     (also a ValueError) the call was wrong; nothing was written
+    │   ├── UnknownTask     (also a LookupError) no task of that name is registered
+    │   └── UnknownQueue    (also a LookupError) no task or app declares that queue
     ├── InTransaction       claim() was handed a connection with an open transaction
     ├── Busy                SQLite stayed locked past its busy timeout
-    └── LeaseLost           the lease was taken over or finished; the write changed nothing
+    ├── LeaseLost           the lease was taken over or finished; the write changed nothing
+    ├── SchemaMissing       the database lacks the dibs tables, or has an older version of them
+    └── JobNotFound         (also a LookupError) no job with that id
 
     DibsWarning             (a UserWarning)
     └── FallbackWarning     the server is too old for the fast path; a slower correct one is used
@@ -26,6 +30,22 @@ class DibsError(Exception):
 
 class InvalidArgument(DibsError, ValueError):
     """A call had a bad argument. Nothing was written."""
+
+
+class UnknownTask(InvalidArgument, LookupError):
+    """No task of that name is registered with the app. Nothing was written."""
+
+
+class UnknownQueue(InvalidArgument, LookupError):
+    """No registered task and no ``App(queues=...)`` names that queue. Nothing was written."""
+
+
+class SchemaMissing(DibsError):
+    """The database has no dibs tables, or an older version of them: run ``dibs init``."""
+
+
+class JobNotFound(DibsError, LookupError):
+    """No job with that id exists (it may have been purged)."""
 
 
 class InTransaction(DibsError):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from dibs._errors import InvalidArgument
 from dibs.dialects import backend_for, backend_named
@@ -40,3 +42,13 @@ def _checked(url: str | sa.URL) -> sa.URL:
             f"{url!r} is not a database URL; write it as dialect+driver://user:password@host/database, "
             "for example sqlite:///dibs.sqlite or postgresql+psycopg://user@localhost/app"
         ) from exc
+
+
+@contextmanager
+def connected(bind: Engine | Connection) -> Iterator[Connection]:
+    """The given connection, or a new one from the engine that is closed afterwards."""
+    if isinstance(bind, Engine):
+        with bind.connect() as conn:
+            yield conn
+    else:
+        yield bind

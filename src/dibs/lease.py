@@ -173,9 +173,16 @@ class Leases:
         done: str = "done",
         failed: str = "failed",
         strategy: str | None = None,
+        reclaim_expired: bool = True,
+        finished_at: str | None = None,
     ) -> None:
         self.table = resolve_table(table)
         self.strategy = strategy
+        #: Whether a claim also takes running rows whose lease expired. Without it the claim reads only
+        #: ready rows (an index on them stays small) and :meth:`recover` puts expired rows back.
+        self.reclaim_expired = reclaim_expired
+        #: A column every finishing write (complete, fail) sets to the database clock, if given.
+        self.finished_at = None if finished_at is None else column_of(self.table, finished_at, "Leases(finished_at=)")
         self.status = column_of(self.table, status, "Leases(status=)")
         self.owner = column_of(self.table, owner, "Leases(owner=)")
         self.expires_at = column_of(self.table, expires_at, "Leases(expires_at=)")
@@ -226,6 +233,8 @@ class Leases:
 
     def eligible(self, backend: Backend) -> sa.ColumnElement[bool]:
         """Ready rows, and running rows whose lease has expired on the database clock."""
+        if not self.reclaim_expired:
+            return self.status == self.ready
         return sa.or_(
             self.status == self.ready,
             sa.and_(self.status == self.running, self.expires_at < backend.now()),
@@ -253,6 +262,20 @@ class Leases:
         else:
             template = self._build_claim(backend, order_by, where, extra, shape=None)
         return dataclasses.replace(template, limit=count, parameters=parameters, then=then)
+
+    def claimer(
+        self,
+        *,
+        where: Criteria = None,
+        order_by: Ordering = (),
+        set: Mapping[Any, Any] | None = None,
+    ) -> Claimer:
+        r"""A claim whose criteria, order and values are fixed, built once per database and reused.
+
+        Values that change from call to call go in ``where`` and ``set`` as named ``sa.bindparam``\ s and
+        are given to :meth:`Claimer.claim` as ``parameters``.
+        """
+        return Claimer(self, where, order_by, set)
 
     def _claim_template(self, backend: Backend, order_by: Ordering) -> ClaimRequest:
         order = ordering(self.table, order_by)
@@ -304,6 +327,41 @@ class Leases:
             for row in rows
         ]
 
+    # -- expired leases ----------------------------------------------------------------------------
+
+    def recover(
+        self,
+        bind: Engine | Connection,
+        *,
+        where: Criteria = None,
+        status: str | None = None,
+        set: Mapping[Any, Any] | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """Put running rows whose lease expired back to ``status`` (ready unless given); returns their keys.
+
+        A later write by the lost holder finds the row no longer running and changes nothing.
+        """
+        backend = backend_for(bind.dialect)
+        criteria: list[Any] = [self.status == self.running, self.expires_at < backend.now()]
+        if where is not None:
+            criteria.extend([where] if isinstance(where, sa.ClauseElement) else list(where))
+        values: dict[Any, Any] = {self.status: status or self.ready, self.expires_at: None, self.owner: None}
+        if self.finished_at is not None and (status or self.ready) != self.ready:
+            values[self.finished_at] = backend.now()
+        values.update({column_of(self.table, key, "set"): value for key, value in (set or {}).items()})
+        found = sa.select(*self.key_columns).where(*criteria).with_for_update(skip_locked=True)
+        with _transaction(bind, backend.transaction) as conn:
+            keys = list(map(tuple, conn.execute(found)))
+            if keys:
+                held = (
+                    sa.tuple_(*self.key_columns).in_(keys)
+                    if len(self.key_columns) > 1
+                    else self.key_columns[0].in_([key[0] for key in keys])
+                )
+                # The criteria again: a row renewed between the read and the write is left alone.
+                conn.execute(sa.update(self.table).where(held, *criteria).values(values))
+        return keys
+
     # -- guarded writes ----------------------------------------------------------------------------
 
     def renew(self, bind: Engine | Connection, lease: Lease, duration: Duration) -> None:
@@ -335,9 +393,13 @@ class Leases:
         *,
         status: str | None = None,
         set: Mapping[Any, Any] | None = None,
+        parameters: Mapping[str, Any] | None = None,
     ) -> list[Lease]:
-        """Finish many leases in one statement; returns the leases that were lost (and left unchanged)."""
-        return self._write(bind, leases, "finish", status or self.done, {}, set)
+        r"""Finish many leases in one statement; returns the leases that were lost (and left unchanged).
+
+        ``parameters`` gives values to named ``sa.bindparam``\ s inside SQL expressions in ``set``.
+        """
+        return self._write(bind, leases, "finish", status or self.done, dict(parameters or {}), set)
 
     def fail(
         self,
@@ -357,9 +419,10 @@ class Leases:
         *,
         status: str | None = None,
         set: Mapping[Any, Any] | None = None,
+        parameters: Mapping[str, Any] | None = None,
     ) -> list[Lease]:
         """Mark many leases failed in one statement; returns the leases that were lost."""
-        return self._write(bind, leases, "finish", status or self.failed, {}, set)
+        return self._write(bind, leases, "finish", status or self.failed, dict(parameters or {}), set)
 
     def release(self, bind: Engine | Connection, lease: Lease) -> None:
         """Give back a lease whose work never started: ready again at once, and the attempt not counted."""
@@ -427,6 +490,8 @@ class Leases:
             values.update({self.expires_at: None, self.attempts: self.attempts - 1})
         else:
             values[self.expires_at] = None
+            if self.finished_at is not None:
+                values[self.finished_at] = backend.now()
         for column, value in extra.items():
             values[column] = sa.bindparam(f"dibs_set_{column.name}", type_=column.type) if plain else value
         held = sa.and_(backend.fenced(self.key_columns, self.token), self.status == self.running)
@@ -514,3 +579,54 @@ class Leases:
     async def arelease_many(self, bind: AsyncEngine | AsyncConnection, leases: Sequence[Lease]) -> list[Lease]:
         """release_many() for asyncio."""
         return await _run_async(bind, self.release_many, leases)
+
+
+class Claimer:
+    """A lease claim with fixed criteria, order and values (see :meth:`Leases.claimer`)."""
+
+    def __init__(self, leases: Leases, where: Criteria, order_by: Ordering, values: Mapping[Any, Any] | None) -> None:
+        self.leases = leases
+        self._where = where
+        self._order = ordering(leases.table, order_by)
+        self._values = dict(values or {})
+        self._templates: dict[str, ClaimRequest] = {}
+
+    def claim(
+        self,
+        bind: Engine | Connection,
+        *,
+        owner: str,
+        duration: Duration,
+        limit: int,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> list[Lease]:
+        """Lease up to ``limit`` rows to ``owner`` for ``duration``."""
+        request = self._request(bind, owner, duration, limit, parameters)
+        return self.leases._leases(run_claim(bind, request, self.leases.strategy), owner)
+
+    async def aclaim(
+        self,
+        bind: AsyncEngine | AsyncConnection,
+        *,
+        owner: str,
+        duration: Duration,
+        limit: int,
+        parameters: Mapping[str, Any] | None = None,
+    ) -> list[Lease]:
+        """claim() for asyncio."""
+        request = self._request(bind, owner, duration, limit, parameters)
+        return self.leases._leases(await arun_claim(bind, request, self.leases.strategy), owner)
+
+    def _request(
+        self, bind: Any, owner: str, duration: Duration, limit: int, parameters: Mapping[str, Any] | None
+    ) -> ClaimRequest:
+        if not isinstance(owner, str) or not owner:
+            raise InvalidArgument(f"owner must be a non-empty string naming the worker, got {owner!r}")
+        backend = backend_for(bind.dialect)
+        template = self._templates.get(backend.name)
+        if template is None:
+            template = self._templates[backend.name] = self.leases._build_claim(
+                backend, self._order, self._where, self._values, shape=object()
+            )
+        values = {_OWNER: owner, _LEASE_SECONDS: backend.after_value(_seconds(duration)), **(parameters or {})}
+        return dataclasses.replace(template, limit=whole_number(limit), parameters=values)

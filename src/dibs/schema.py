@@ -1,10 +1,170 @@
-"""Column types dibs uses in the tables it defines or asks users to add."""
+"""The library's own tables, their column types and their migrations.
+
+``dibs_jobs`` holds the job queue. Its indexes are partial where the database has partial indexes
+(PostgreSQL, SQLite) so that each one holds only the rows its query looks for: the claim reads an
+index of queued jobs only, so finished and future jobs never make it slower. MySQL and MariaDB have no
+partial indexes; there the status leads each index instead.
+
+``dibs_schema`` records which migrations have run. :func:`migrate` runs the missing ones in order;
+``dibs init`` calls it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
+from sqlalchemy.engine import Connection, Engine
+
+from dibs._errors import SchemaMissing
+from dibs.engine import connected
 
 #: A point in time with microseconds on every backend: timestamptz on PostgreSQL, DATETIME(6) holding
 #: UTC on MySQL and MariaDB (plain DATETIME drops the fraction), ISO text in UTC on SQLite.
 Timestamp = sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+
+#: Job states. ``scheduled`` jobs wait for their time and are moved to ``queued`` when it comes, so that
+#: the claim's index holds runnable jobs only.
+SCHEDULED, QUEUED, RUNNING = "scheduled", "queued", "running"
+SUCCEEDED, DEAD, CANCELLED = "succeeded", "dead", "cancelled"
+LIVE = (SCHEDULED, QUEUED, RUNNING)
+FINISHED = (SUCCEEDED, DEAD, CANCELLED)
+STATES = (*LIVE, *FINISHED)
+
+JOBS = "dibs_jobs"
+SCHEMA = "dibs_schema"
+
+metadata = sa.MetaData()
+
+jobs = sa.Table(
+    JOBS,
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    sa.Column("task", sa.String(200), nullable=False),
+    sa.Column("queue", sa.String(100), nullable=False),
+    sa.Column("args", sa.Text, nullable=False),
+    sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("run_at", Timestamp, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("max_attempts", sa.Integer, nullable=False),
+    sa.Column("lease_owner", sa.String(200), nullable=True),
+    sa.Column("lease_expires_at", Timestamp, nullable=True),
+    sa.Column("lease_token", sa.BigInteger, nullable=False, server_default="0"),
+    # Set while the job is live, cleared when it finishes: the unique index then allows one live job per key.
+    sa.Column("dedupe_key", sa.String(200), nullable=True, unique=True),
+    sa.Column("ordering_key", sa.String(200), nullable=True),
+    sa.Column("tag", sa.String(100), nullable=True),
+    sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
+    sa.Column("enqueued_at", Timestamp, nullable=False),
+    sa.Column("started_at", Timestamp, nullable=True),
+    sa.Column("finished_at", Timestamp, nullable=True),
+    sa.Column("last_error", sa.Text, nullable=True),
+)
+
+
+def _partial(name: str, columns: list[Any], where: str, full_prefix: list[Any]) -> list[sa.Index]:
+    """A partial index where the database has them, else a full one led by ``full_prefix``."""
+    partial = sa.Index(name, *columns, postgresql_where=sa.text(where), sqlite_where=sa.text(where))
+    partial.ddl_if(callable_=_has_partial)
+    full = sa.Index(f"{name}_full", *full_prefix, *columns)
+    full.ddl_if(callable_=_lacks_partial)
+    return [partial, full]
+
+
+def _has_partial(*_: Any, dialect: sa.Dialect, **__: Any) -> bool:
+    return dialect.name in ("postgresql", "sqlite")
+
+
+def _lacks_partial(*_: Any, dialect: sa.Dialect, **__: Any) -> bool:
+    return not _has_partial(dialect=dialect)
+
+
+# Indexes attach themselves to the table through their columns.
+# The claim: runnable jobs of a queue in claim order.
+_partial(
+    "dibs_jobs_claim",
+    [jobs.c.queue, jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id],
+    "status = 'queued'",
+    [jobs.c.status],
+)
+# Scheduled and retried jobs whose time has come.
+_partial("dibs_jobs_due", [jobs.c.run_at], "status = 'scheduled'", [jobs.c.status])
+# Leases that expired (a worker crashed).
+_partial("dibs_jobs_expiry", [jobs.c.lease_expires_at], "status = 'running'", [jobs.c.status])
+# The oldest live job of an ordering key.
+_partial(
+    "dibs_jobs_ordering",
+    [jobs.c.ordering_key, jobs.c.id],
+    "status IN ('scheduled', 'queued', 'running') AND ordering_key IS NOT NULL",
+    [jobs.c.status],
+)
+# Retention sweeps and status counts.
+sa.Index("dibs_jobs_finished", jobs.c.status, jobs.c.finished_at)
+
+schema_versions = sa.Table(
+    SCHEMA,
+    metadata,
+    sa.Column("version", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("applied_at", Timestamp, nullable=False),
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Migration:
+    """One step of the schema, applied once, in version order."""
+
+    version: int
+    description: str
+    apply: Callable[[Connection], None]
+
+
+def _create_jobs(conn: Connection) -> None:
+    jobs.create(conn, checkfirst=True)
+
+
+MIGRATIONS: tuple[Migration, ...] = (Migration(version=1, description="the jobs table", apply=_create_jobs),)
+
+
+def current_version(bind: Engine | Connection) -> int:
+    """The newest migration applied to this database, 0 for none."""
+    with connected(bind) as conn:
+        if not sa.inspect(conn).has_table(SCHEMA):
+            return 0
+        return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(schema_versions.c.version), 0))).scalar_one())
+
+
+def migrate(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[Migration]:
+    """Apply the migrations this database lacks, in order; returns those applied (none when up to date)."""
+    applied: list[Migration] = []
+    with connected(bind) as conn:
+        schema_versions.create(conn, checkfirst=True)
+        _commit(conn)
+        done = current_version(conn)
+        for migration in sorted(migrations, key=lambda step: step.version):
+            if migration.version <= done:
+                continue
+            migration.apply(conn)
+            conn.execute(schema_versions.insert().values(version=migration.version, applied_at=sa.func.now()))
+            _commit(conn)
+            applied.append(migration)
+    return applied
+
+
+def require_current(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> None:
+    """Raise SchemaMissing, saying what to run, unless every migration has been applied."""
+    have = current_version(bind)
+    want = max(step.version for step in migrations)
+    if have < want:
+        what = "has no dibs tables" if have == 0 else f"has dibs schema version {have}, this dibs needs {want}"
+        raise SchemaMissing(
+            f"the database {what}; run `dibs init --db URL` (or dibs.migrate(engine)) to create or upgrade them"
+        )
+
+
+def _commit(conn: Connection) -> None:
+    if conn.in_transaction():
+        conn.commit()

@@ -92,6 +92,12 @@ def resolve_times(parameters: dict[str, Any]) -> dict[str, Any]:
     return parameters
 
 
+def moment(backend: Backend, seconds: float, name: str = "dibs_moment") -> ColumnElement[datetime]:
+    """The database clock ``seconds`` from now (negative: ago) as a SQL expression, its value bound."""
+    value = resolve_times({name: backend.after_value(seconds)})[name]
+    return backend.after(name).params({name: value})
+
+
 class ClaimStrategy(Protocol):
     """Claims the rows one request names, inside one transaction it opens and commits itself."""
 
@@ -153,6 +159,31 @@ class Backend(Protocol):
         """Tune an engine dibs creates (never one the caller built) for many concurrent claimers."""
         ...
 
+    def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
+        """An INSERT that leaves out, without an error, each row whose ``unique`` value is already taken.
+
+        It never aborts the caller's transaction, so it can run inside one.
+        """
+        ...
+
+    def notify(self, channel: str) -> sa.Executable | None:
+        """A statement that wakes the listeners of ``channel`` when its transaction commits (its
+        ``dibs_payload`` parameter is the message), or None where the database cannot."""
+        ...
+
+    def listen(self, engine: Engine, channel: str, woken: Callable[[str], None]) -> Listener | None:
+        """Start calling ``woken(payload)`` from a thread for every notification on ``channel``; None
+        where the database or driver has no notifications (callers then poll)."""
+        ...
+
+
+class Listener(Protocol):
+    """A running subscription to database notifications."""
+
+    def close(self) -> None:
+        """Stop listening and release the connection."""
+        ...
+
 
 class BackendDefaults:
     """What a backend does unless it says otherwise: no error translation, no engine tuning, and batched
@@ -172,6 +203,17 @@ class BackendDefaults:
 
     def fenced_values(self, key_columns: Sequence[sa.Column[Any]], pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
         return fenced_in_list_values(key_columns, pairs)
+
+    def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
+        # No conflict clause this backend is known to have: a plain INSERT, whose duplicate-key error the
+        # caller handles (outside a transaction of its own, where that error is harmless).
+        return sa.insert(table)
+
+    def notify(self, channel: str) -> sa.Executable | None:
+        return None
+
+    def listen(self, engine: Engine, channel: str, woken: Callable[[str], None]) -> Listener | None:
+        return None
 
 
 def server_version(dialect: Dialect) -> tuple[int, ...]:

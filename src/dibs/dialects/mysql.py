@@ -121,3 +121,8 @@ class MySQL(BackendDefaults):
 
     def after_value(self, seconds: float) -> Any:
         return round(seconds * 1_000_000)
+
+    def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
+        # IGNORE turns the duplicate-key error into a warning and the row is left out. It would do the
+        # same to other errors (a value too long, a NULL): dibs validates its values before it inserts.
+        return sa.insert(table).prefix_with("IGNORE")

@@ -19,14 +19,15 @@ the database's own collation.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql
-from sqlalchemy.engine import Connection, Dialect, Row
+from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.elements import Grouping
 
@@ -34,6 +35,7 @@ from dibs.dialects.base import (
     BackendDefaults,
     ClaimRequest,
     ClaimStrategy,
+    Listener,
     StatementCache,
     explicit_transaction,
     fenced_in_list,
@@ -156,3 +158,57 @@ class PostgreSQL(BackendDefaults):
             if key not in newest or token > newest[key]:
                 newest[key] = token
         return {"dibs_fenced_keys": list(newest), "dibs_fenced_tokens": list(newest.values())}
+
+    def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
+        return postgresql.insert(table).on_conflict_do_nothing(index_elements=[unique])
+
+    def notify(self, channel: str) -> sa.Executable | None:
+        return sa.select(sa.func.pg_notify(channel, sa.bindparam("dibs_payload", type_=sa.String)))
+
+    def listen(self, engine: Engine, channel: str, woken: Callable[[str], None]) -> Listener | None:
+        if engine.dialect.driver != "psycopg":
+            return None
+        return Notifications(engine, channel, woken)
+
+
+class Notifications:
+    """LISTEN on one channel, on a connection of its own, from a daemon thread.
+
+    The connection comes from the engine's pool and is closed (not returned) when listening stops, so
+    no pooled connection is ever left subscribed. If the connection drops, the thread reconnects.
+    """
+
+    def __init__(self, engine: Engine, channel: str, woken: Callable[[str], None]) -> None:
+        self.engine = engine
+        self.channel = channel
+        self.woken = woken
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"dibs-listen-{channel}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._listen()
+            except Exception:
+                self._stop.wait(1.0)
+
+    def _listen(self) -> None:
+        from psycopg import sql
+
+        raw = self.engine.raw_connection()
+        try:
+            conn: Any = raw.driver_connection
+            conn.autocommit = True
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            # Whatever was enqueued while (re)connecting is found by the poll this wake-up triggers.
+            self.woken("")
+            while not self._stop.is_set():
+                for notification in conn.notifies(timeout=0.5):
+                    self.woken(notification.payload)
+        finally:
+            raw.invalidate()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)

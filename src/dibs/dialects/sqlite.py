@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement
 
@@ -184,6 +185,9 @@ class SQLite(AppClock, BackendDefaults):
         if not json_keys(key_columns):
             return fenced_in_list_values(key_columns, pairs)
         return {"dibs_fenced_pairs": json.dumps(pairs)}  # tuples become JSON arrays
+
+    def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
+        return sqlite_insert(table).on_conflict_do_nothing(index_elements=[unique])
 
     def configure(self, engine: Engine) -> None:
         """WAL (readers never block the writer) and fsync at checkpoints only."""

@@ -1,0 +1,78 @@
+"""Prometheus metrics of a worker, served on a port when asked (``pip install dibs[metrics]``).
+
+Counters: jobs claimed and finished by outcome (succeeded, retried, dead, cancelled, released).
+Histograms: claim latency and job run time. Gauges, refreshed by the worker's upkeep: jobs per queue and
+state, and the age of the oldest runnable job per queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from dibs._errors import InvalidArgument
+
+if TYPE_CHECKING:
+    from dibs.queue.app import QueueStatus
+
+
+class Metrics:
+    """The worker's instruments, in a registry of their own."""
+
+    def __init__(self, registry: Any = None) -> None:
+        try:
+            import prometheus_client as prometheus
+        except ImportError as exc:
+            raise InvalidArgument(
+                "metrics need the prometheus-client package; install it with: pip install 'dibs[metrics]'"
+            ) from exc
+        self.registry = registry if registry is not None else prometheus.CollectorRegistry()
+        registry = self.registry
+        self._claimed = prometheus.Counter("dibs_jobs_claimed", "Jobs claimed by this worker", registry=registry)
+        self._finished = prometheus.Counter(
+            "dibs_jobs_finished", "Jobs finished by this worker, by outcome", ["outcome"], registry=registry
+        )
+        self._claim_seconds = prometheus.Histogram(
+            "dibs_claim_seconds",
+            "Time one claim round trip took",
+            buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+            registry=registry,
+        )
+        self._run_seconds = prometheus.Histogram("dibs_job_run_seconds", "Time a job ran", ["task"], registry=registry)
+        self._depth = prometheus.Gauge(
+            "dibs_queue_jobs", "Jobs per queue and state", ["queue", "state"], registry=registry
+        )
+        self._oldest = prometheus.Gauge(
+            "dibs_queue_oldest_ready_seconds",
+            "How long the oldest runnable job has waited",
+            ["queue"],
+            registry=registry,
+        )
+
+    @classmethod
+    def serve(cls, port: int, address: str = "0.0.0.0") -> Metrics:
+        """Instruments served over HTTP at ``address:port/metrics``."""
+        import prometheus_client as prometheus
+
+        metrics = cls()
+        prometheus.start_http_server(port, addr=address, registry=metrics.registry)
+        return metrics
+
+    def claimed(self, count: int, seconds: float) -> None:
+        self._claimed.inc(count)
+        self._claim_seconds.observe(seconds)
+
+    def ran(self, task: str, seconds: float) -> None:
+        self._run_seconds.labels(task).observe(seconds)
+
+    def finished(self, task: str, outcome: str) -> None:
+        self._finished.labels(outcome).inc()
+
+    def finished_many(self, outcome: str, count: int) -> None:
+        self._finished.labels(outcome).inc(count)
+
+    def observe(self, statuses: Sequence[QueueStatus]) -> None:
+        for status in statuses:
+            for state, count in status.counts.items():
+                self._depth.labels(status.queue, state).set(count)
+            self._oldest.labels(status.queue).set(status.oldest_ready_seconds or 0.0)

@@ -1,0 +1,9 @@
+"""The job queue: tasks, enqueue, the worker, retries and dead letters, on claim and fenced leases."""
+
+from dibs.queue.app import App, QueueStatus
+from dibs.queue.job import Job, JobContext
+from dibs.queue.retry import Retry
+from dibs.queue.task import Task
+from dibs.queue.worker import Worker, WorkerStats
+
+__all__ = ["App", "Job", "JobContext", "QueueStatus", "Retry", "Task", "Worker", "WorkerStats"]

@@ -1,0 +1,418 @@
+"""The App: a registry of tasks on one database, and everything done to its jobs from outside a worker.
+
+::
+
+    app = dibs.App("postgresql+psycopg://localhost/shop")
+
+    @app.task(queue="emails", max_attempts=3, retry=dibs.Retry(on=(ConnectionError,)))
+    def send_receipt(order_id: int) -> None: ...
+
+    send_receipt.enqueue({"order_id": 7})                       # its own transaction
+    with engine.begin() as conn:                                # or the caller's: no commit, no job
+        conn.execute(orders.insert(), ...)
+        send_receipt.enqueue({"order_id": 8}, conn=conn)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from dibs._errors import InvalidArgument, JobNotFound
+from dibs.claim import claim
+from dibs.dialects import backend_for
+from dibs.dialects.base import moment
+from dibs.engine import connected, create_engine
+from dibs.queue.enqueue import NewJob, insert_jobs, new_job, task_named
+from dibs.queue.job import Job
+from dibs.queue.retry import DEFAULT_RETRY, Retry
+from dibs.queue.store import JobStore
+from dibs.queue.task import OrderingKey, Task, checked_name
+from dibs.schema import CANCELLED, DEAD, FINISHED, QUEUED, RUNNING, SCHEDULED, STATES, jobs, migrate
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.orm import Session
+
+    from dibs.queue.worker import Worker
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Where jobs live when no database is named: a file in the working directory.
+DEFAULT_DATABASE = "sqlite:///dibs.sqlite"
+#: PostgreSQL wakes idle workers on this channel when jobs are enqueued.
+CHANNEL = "dibs_jobs"
+
+
+def database_url(db: str | None = None) -> str:
+    """``db``, else ``$DIBS_DATABASE_URL``, else the SQLite file ``dibs.sqlite``."""
+    return db or os.environ.get("DIBS_DATABASE_URL") or DEFAULT_DATABASE
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueStatus:
+    """How one queue stands: jobs per state, how long the oldest runnable job has waited, and how many
+    jobs finished per second over the last minute."""
+
+    queue: str
+    counts: dict[str, int]
+    oldest_ready_seconds: float | None
+    finished_per_second: float
+
+
+class App:
+    """Tasks and the database their jobs live in (an Engine, a URL, or by default ``$DIBS_DATABASE_URL``
+    or the SQLite file ``dibs.sqlite``).
+
+    ``queues`` declares queues beyond those the tasks name (jobs may be routed to any of them).
+    """
+
+    def __init__(
+        self,
+        db: str | Engine | None = None,
+        *,
+        queues: Iterable[str] = (),
+        max_args_bytes: int = 1_000_000,
+        notify: bool = True,
+    ) -> None:
+        if isinstance(db, Engine):
+            self._engine: Engine | None = db
+            self.url = db.url.render_as_string(hide_password=True)
+        else:
+            self._engine = None
+            self.url = database_url(db)
+        self.tasks: dict[str, Task] = {}
+        self.declared_queues = frozenset(checked_name(queue, "a queue name") for queue in queues)
+        if isinstance(max_args_bytes, bool) or not isinstance(max_args_bytes, int) or max_args_bytes < 1:
+            raise InvalidArgument(f"max_args_bytes must be a positive whole number, got {max_args_bytes!r}")
+        self.max_args_bytes = max_args_bytes
+        self.notify = notify
+        self._store: JobStore | None = None
+
+    # -- database ----------------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        """The Engine jobs live in, created on first use."""
+        if self._engine is None:
+            self._engine = create_engine(self.url)
+        return self._engine
+
+    @property
+    def store(self) -> JobStore:
+        if self._store is None:
+            self._store = JobStore(self.engine)
+        return self._store
+
+    def init(self) -> list[int]:
+        """Create or upgrade the dibs tables; returns the versions applied (none when up to date)."""
+        return [step.version for step in migrate(self.engine)]
+
+    # -- tasks -------------------------------------------------------------------------------------
+
+    @overload
+    def task(self, function: F, /) -> Task: ...
+
+    @overload
+    def task(
+        self,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 5,
+        retry: Retry = DEFAULT_RETRY,
+        timeout: timedelta | float | None = None,
+        ordering_key: OrderingKey = None,
+        tag: str | None = None,
+    ) -> Callable[[F], Task]: ...
+
+    def task(  # type: ignore[misc]
+        self,
+        function: F | None = None,
+        /,
+        *,
+        name: str | None = None,
+        queue: str = "default",
+        priority: int = 0,
+        max_attempts: int = 5,
+        retry: Retry = DEFAULT_RETRY,
+        timeout: timedelta | float | None = None,
+        ordering_key: OrderingKey = None,
+        tag: str | None = None,
+    ) -> Task | Callable[[F], Task]:
+        """Register a sync or async function as a task (its name defaults to ``module.function``)."""
+
+        def register(chosen: F) -> Task:
+            task_name = name or f"{chosen.__module__}.{chosen.__qualname__}"
+            if task_name in self.tasks:
+                raise InvalidArgument(f"a task named {task_name!r} is already registered; give this one name=")
+            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+            task = Task(
+                app=self,
+                function=chosen,
+                name=task_name,
+                queue=queue,
+                priority=priority,
+                max_attempts=max_attempts,
+                retry=retry,
+                timeout=seconds,
+                ordering_key=ordering_key,
+                tag=tag,
+            )
+            self.tasks[task_name] = task
+            return task
+
+        return register if function is None else register(function)
+
+    @property
+    def queues(self) -> frozenset[str]:
+        """Every queue a task names or the app declares."""
+        return self.declared_queues | {task.queue for task in self.tasks.values()}
+
+    # -- enqueue -----------------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        task: Task | str,
+        args: Mapping[str, Any] | None = None,
+        /,
+        *,
+        conn: Connection | Session | None = None,
+        **options: Any,
+    ) -> Job:
+        """Enqueue one job; with ``conn`` inside that connection's (or Session's) transaction.
+
+        Options: ``queue``, ``priority``, ``run_at`` (aware datetime) or ``delay`` (seconds or timedelta),
+        ``max_attempts``, ``dedupe_key`` (a live job with the key is returned instead of a new one),
+        ``ordering_key``, ``tag``.
+        """
+        return self.enqueue_many(task, [args], conn=conn, **options)[0]
+
+    def enqueue_many(
+        self,
+        task: Task | str,
+        many_args: Iterable[Mapping[str, Any] | None],
+        /,
+        *,
+        conn: Connection | Session | None = None,
+        **options: Any,
+    ) -> list[Job]:
+        """Enqueue a job per argument set, in one round trip, with the same options; all or none."""
+        new = self._validated(task, many_args, options)
+        return self._write(conn, lambda connection: insert_jobs(connection, new, self._channel()))
+
+    async def aenqueue(
+        self,
+        task: Task | str,
+        args: Mapping[str, Any] | None = None,
+        /,
+        *,
+        conn: AsyncConnection | AsyncSession | None = None,
+        **options: Any,
+    ) -> Job:
+        """enqueue() for asyncio: with ``conn`` (AsyncConnection or AsyncSession) in its transaction."""
+        return (await self.aenqueue_many(task, [args], conn=conn, **options))[0]
+
+    async def aenqueue_many(
+        self,
+        task: Task | str,
+        many_args: Iterable[Mapping[str, Any] | None],
+        /,
+        *,
+        conn: AsyncConnection | AsyncSession | None = None,
+        **options: Any,
+    ) -> list[Job]:
+        """enqueue_many() for asyncio."""
+        new = self._validated(task, many_args, options)
+        if conn is None:
+            import asyncio
+
+            return await asyncio.to_thread(self._write, None, lambda c: insert_jobs(c, new, self._channel()))
+
+        def write(sync: Any) -> list[Job]:
+            return self._write(sync, lambda c: insert_jobs(c, new, self._channel()))
+
+        return await conn.run_sync(write)
+
+    def _validated(
+        self, task: Task | str, many_args: Iterable[Mapping[str, Any] | None], options: Mapping[str, Any]
+    ) -> list[NewJob]:
+        chosen = task_named(self.tasks, task)
+        if isinstance(many_args, Mapping):
+            raise InvalidArgument("enqueue_many takes a list of argument dicts, one per job; for one job use enqueue")
+        known = self.queues
+        try:
+            return [
+                new_job(chosen, args, known_queues=known, max_args_bytes=self.max_args_bytes, **options)
+                for args in many_args
+            ]
+        except TypeError as exc:
+            raise InvalidArgument(
+                f"{exc}; enqueue options are queue, priority, run_at, delay, max_attempts, dedupe_key, "
+                "ordering_key, tag and conn"
+            ) from exc
+
+    def _channel(self) -> str | None:
+        return CHANNEL if self.notify else None
+
+    def _write(self, conn: Any, work: Callable[[Connection], list[Job]]) -> list[Job]:
+        if conn is None:
+            with self.engine.begin() as connection:
+                return work(connection)
+        if isinstance(conn, Connection):
+            if conn.in_transaction():
+                return work(conn)
+            with conn.begin():
+                return work(conn)
+        connection_of = getattr(conn, "connection", None)
+        if callable(connection_of):  # an ORM Session: join its transaction; the caller commits
+            return work(connection_of())
+        raise InvalidArgument(
+            f"conn must be a SQLAlchemy Connection or Session (AsyncConnection or AsyncSession for aenqueue), "
+            f"got {type(conn).__name__}"
+        )
+
+    # -- inspection and upkeep ---------------------------------------------------------------------
+
+    def get(self, job_id: int) -> Job:
+        """The job with this id; JobNotFound if there is none."""
+        with connected(self.engine) as conn:
+            row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).first()
+        if row is None:
+            raise JobNotFound(f"there is no job {job_id} (it may have been purged)")
+        return Job.from_row(row)
+
+    def jobs(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        queue: str | None = None,
+        task: str | None = None,
+        limit: int = 50,
+    ) -> list[Job]:
+        """Jobs, newest first, filtered by state(s), queue and task name."""
+        query = sa.select(jobs).order_by(jobs.c.id.desc()).limit(limit)
+        if status is not None:
+            wanted = [status] if isinstance(status, str) else list(status)
+            unknown = set(wanted) - set(STATES)
+            if unknown:
+                raise InvalidArgument(f"unknown job state {sorted(unknown)}; states are {', '.join(STATES)}")
+            query = query.where(jobs.c.status.in_(wanted))
+        if queue is not None:
+            query = query.where(jobs.c.queue == queue)
+        if task is not None:
+            query = query.where(jobs.c.task == task)
+        with connected(self.engine) as conn:
+            return [Job.from_row(row) for row in conn.execute(query)]
+
+    def cancel(self, job_id: int) -> Job:
+        """Cancel a job: a waiting one at once; a running one is asked to stop (its worker tells it, and
+        records it cancelled when it stops). A finished job is returned unchanged."""
+        backend = backend_for(self.engine.dialect)
+        waiting = claim(
+            self.engine,
+            jobs,
+            where=[jobs.c.id == job_id, jobs.c.status.in_([SCHEDULED, QUEUED])],
+            set={
+                jobs.c.status: CANCELLED,
+                jobs.c.finished_at: backend.now(),
+                jobs.c.dedupe_key: None,
+                jobs.c.last_error: "cancelled before it ran",
+            },
+        )
+        if waiting:
+            return Job.from_row(waiting[0])
+        claim(
+            self.engine,
+            jobs,
+            where=[jobs.c.id == job_id, jobs.c.status == RUNNING],
+            set={jobs.c.cancel_requested: True},
+        )
+        return self.get(job_id)
+
+    def retry(self, job_id: int) -> Job:
+        """Queue a dead or cancelled job again, with its attempts counted from zero."""
+        backend = backend_for(self.engine.dialect)
+        rows = claim(
+            self.engine,
+            jobs,
+            where=[jobs.c.id == job_id, jobs.c.status.in_([DEAD, CANCELLED])],
+            set={
+                jobs.c.status: QUEUED,
+                jobs.c.attempts: 0,
+                jobs.c.run_at: backend.now(),
+                jobs.c.finished_at: None,
+                jobs.c.cancel_requested: False,
+            },
+        )
+        if rows:
+            return Job.from_row(rows[0])
+        job = self.get(job_id)
+        raise InvalidArgument(f"job {job_id} is {job.status}; only dead or cancelled jobs can be retried")
+
+    def purge(self, *, older_than: timedelta = timedelta(0), statuses: Sequence[str] = FINISHED) -> int:
+        """Delete finished jobs (of ``statuses``) that finished more than ``older_than`` ago; returns how many."""
+        wrong = set(statuses) - set(FINISHED)
+        if wrong:
+            raise InvalidArgument(f"only finished jobs can be purged ({', '.join(FINISHED)}), not {sorted(wrong)}")
+        total = 0
+        while purged := self.store.purge(self.engine, older_than, statuses):
+            total += purged
+        return total
+
+    def status(self) -> list[QueueStatus]:
+        """Per queue: jobs per state, the oldest runnable job's wait, and recent throughput."""
+        backend = backend_for(self.engine.dialect)
+        with connected(self.engine) as conn:
+            now = _aware(conn.execute(sa.select(backend.now())).scalar_one())
+            counts = conn.execute(
+                sa.select(jobs.c.queue, jobs.c.status, sa.func.count()).group_by(jobs.c.queue, jobs.c.status)
+            ).all()
+            oldest = dict(
+                conn.execute(
+                    sa.select(jobs.c.queue, sa.func.min(jobs.c.run_at))
+                    .where(jobs.c.status == QUEUED)
+                    .group_by(jobs.c.queue)
+                ).all()
+            )
+            window = moment(backend, -60.0)
+            recent: dict[str, int] = dict(
+                conn.execute(
+                    sa.select(jobs.c.queue, sa.func.count())
+                    .where(jobs.c.status.in_(FINISHED), jobs.c.finished_at >= window)
+                    .group_by(jobs.c.queue)
+                ).all()
+            )
+        per_queue: dict[str, dict[str, int]] = {}
+        for queue, state, count in counts:
+            per_queue.setdefault(queue, dict.fromkeys(STATES, 0))[state] = count
+        return [
+            QueueStatus(
+                queue=queue,
+                counts=per_queue[queue],
+                oldest_ready_seconds=(
+                    max(0.0, (now - _aware(oldest[queue])).total_seconds()) if oldest.get(queue) else None
+                ),
+                finished_per_second=recent.get(queue, 0) / 60.0,
+            )
+            for queue in sorted(per_queue)
+        ]
+
+    # -- workers -----------------------------------------------------------------------------------
+
+    def worker(self, **options: Any) -> Worker:
+        """A worker for this app's tasks; options as for :class:`dibs.Worker`."""
+        from dibs.queue.worker import Worker
+
+        return Worker(self, **options)
+
+
+def _aware(when: datetime) -> datetime:
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)

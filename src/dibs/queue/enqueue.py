@@ -1,0 +1,220 @@
+"""Enqueue: validate a job completely, then insert it, alone, in bulk, or in the caller's transaction.
+
+A job is validated before anything is written, so a bad one (arguments that are not JSON, an unknown
+queue, a negative delay) raises :class:`~dibs.InvalidArgument` and nothing of the call is stored.
+Jobs without a dedupe key go in one multi-row INSERT; a job with one is inserted only if no live job
+has the key, else the live job is returned.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from dibs._errors import InvalidArgument, UnknownQueue, UnknownTask
+from dibs.dialects import Backend, backend_for
+from dibs.dialects.base import resolve_times
+from dibs.queue.job import Job
+from dibs.queue.task import (
+    TASK_NAME,
+    Task,
+    checked_attempts,
+    checked_name,
+    checked_priority,
+)
+from dibs.schema import LIVE, QUEUED, SCHEDULED, jobs
+
+_DELAY = "dibs_delay"
+_RUN_AT = "dibs_run_at"
+_KEY_LIMIT = 200
+#: How many times a dedupe insert is tried when the live job it collided with finished before it was read.
+_DEDUPE_TRIES = 5
+
+
+@dataclass(frozen=True, kw_only=True)
+class NewJob:
+    """One validated job, ready to insert."""
+
+    values: dict[str, Any]
+    delay: float | None  # seconds from now on the database clock, or None when run_at is given
+    run_at: datetime | None
+
+
+def new_job(
+    task: Task,
+    args: Mapping[str, Any] | None,
+    *,
+    known_queues: frozenset[str],
+    max_args_bytes: int,
+    queue: str | None = None,
+    priority: int | None = None,
+    run_at: datetime | None = None,
+    delay: timedelta | float | int | None = None,
+    max_attempts: int | None = None,
+    dedupe_key: str | None = None,
+    ordering_key: str | None = None,
+    tag: str | None = None,
+) -> NewJob:
+    """Check every option of one job; InvalidArgument saying what to change for the first bad one."""
+    arguments = {} if args is None else args
+    if not isinstance(arguments, Mapping) or not all(isinstance(name, str) for name in arguments):
+        raise InvalidArgument(
+            f"the arguments of a {task.name!r} job must be a dict of argument names to values, got {args!r}"
+        )
+    try:
+        encoded = json.dumps(arguments, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(
+            f"the arguments of a {task.name!r} job are not JSON ({exc}); pass only str, int, float, bool, "
+            "None, lists and dicts, and turn other values (dates, ids, objects) into one of those first"
+        ) from exc
+    if len(encoded.encode()) > max_args_bytes:
+        raise InvalidArgument(
+            f"the arguments of a {task.name!r} job take {len(encoded.encode()):,} bytes as JSON, over the "
+            f"limit of {max_args_bytes:,}; store large data elsewhere and pass its id, or raise App(max_args_bytes=)"
+        )
+    chosen_queue = task.queue if queue is None else checked_name(queue, "queue")
+    if chosen_queue not in known_queues:
+        raise UnknownQueue(
+            f"no task is on queue {chosen_queue!r} and App(queues=...) does not declare it; "
+            f"known queues: {', '.join(sorted(known_queues))}"
+        )
+    if run_at is not None and delay is not None:
+        raise InvalidArgument("give run_at or delay, not both")
+    seconds: float | None = 0.0
+    when: datetime | None = None
+    if delay is not None:
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
+            raise InvalidArgument(f"delay must be a number of seconds or a timedelta, got {delay!r}")
+        if seconds < 0:
+            raise InvalidArgument(f"delay must not be negative, got {delay!r}; use 0 (or leave it out) to run now")
+        seconds = float(seconds)
+    if run_at is not None:
+        if not isinstance(run_at, datetime) or run_at.tzinfo is None:
+            raise InvalidArgument(
+                f"run_at must be a timezone-aware datetime, such as datetime.now(timezone.utc) + timedelta(minutes=5), "
+                f"got {run_at!r}"
+            )
+        when, seconds = run_at.astimezone(timezone.utc), None
+    key = task.key_for(arguments) if ordering_key is None else ordering_key
+    for name, value in (("dedupe_key", dedupe_key), ("ordering_key", key)):
+        if value is not None and (not isinstance(value, str) or not 0 < len(value) <= _KEY_LIMIT):
+            raise InvalidArgument(f"{name} must be a string of 1 to {_KEY_LIMIT} characters, got {value!r}")
+    chosen_tag = task.tag if tag is None else checked_name(tag, "tag")
+    values = {
+        "task": task.name,
+        "queue": chosen_queue,
+        "args": encoded,
+        "priority": task.priority if priority is None else checked_priority(priority),
+        # A job that must wait is scheduled; the queue moves it to queued when its time comes on the
+        # database clock, so the claim never reads jobs that are not runnable yet.
+        "status": QUEUED if seconds == 0.0 else SCHEDULED,
+        "max_attempts": task.max_attempts if max_attempts is None else checked_attempts(max_attempts),
+        "dedupe_key": dedupe_key,
+        "ordering_key": key,
+        "tag": chosen_tag,
+    }
+    return NewJob(values=values, delay=seconds, run_at=when)
+
+
+def insert_jobs(conn: Connection, new: Sequence[NewJob], notify_channel: str | None) -> list[Job]:
+    """Insert validated jobs on ``conn`` (in its transaction); returns them as stored, in order."""
+    backend = backend_for(conn.dialect)
+    stored: list[Job | None] = [None] * len(new)
+    plain = [index for index, job in enumerate(new) if job.values["dedupe_key"] is None]
+    for group in (
+        [index for index in plain if new[index].run_at is None],
+        [index for index in plain if new[index].run_at is not None],
+    ):
+        if group:
+            for index, job in zip(group, _insert_many(conn, backend, [new[index] for index in group]), strict=True):
+                stored[index] = job
+    for index, waiting in enumerate(new):
+        if waiting.values["dedupe_key"] is not None:
+            stored[index] = _insert_deduplicated(conn, backend, waiting)
+    notify = backend.notify(notify_channel) if notify_channel else None
+    if notify is not None and new:
+        queues = sorted({job.values["queue"] for job in new})
+        conn.execute(notify, {"dibs_payload": ",".join(queues)})
+    return [job for job in stored if job is not None]
+
+
+def _statement(backend: Backend, job: NewJob, base: sa.Insert | None = None) -> sa.Insert:
+    run_at = backend.after(_DELAY) if job.run_at is None else sa.bindparam(_RUN_AT, type_=jobs.c.run_at.type)
+    return (sa.insert(jobs) if base is None else base).values(
+        {
+            **{name: sa.bindparam(name, type_=jobs.c[name].type) for name in job.values},
+            "run_at": run_at,
+            "enqueued_at": backend.now(),
+        }
+    )
+
+
+def _parameters(backend: Backend, job: NewJob, dialect: sa.Dialect) -> dict[str, Any]:
+    parameters = dict(job.values)
+    if job.run_at is None:
+        parameters[_DELAY] = backend.after_value(job.delay or 0.0)
+    else:
+        # Databases without time zones hold UTC.
+        parameters[_RUN_AT] = job.run_at if dialect.name == "postgresql" else job.run_at.replace(tzinfo=None)
+    return resolve_times(parameters)
+
+
+def _insert_many(conn: Connection, backend: Backend, new: Sequence[NewJob]) -> list[Job]:
+    statement = _statement(backend, new[0])
+    parameters = [_parameters(backend, job, conn.dialect) for job in new]
+    if conn.dialect.insert_returning and conn.dialect.insert_executemany_returning_sort_by_parameter_order:
+        returning = statement.returning(*jobs.columns, sort_by_parameter_order=True)
+        result = conn.execute(returning, parameters)
+        return [Job.from_row(row) for row in result]
+    ids = [_inserted_id(conn.execute(statement, values)) for values in parameters]
+    rows = {row.id: row for row in conn.execute(sa.select(jobs).where(jobs.c.id.in_(ids)))}
+    return [Job.from_row(rows[job_id]) for job_id in ids]
+
+
+def _inserted_id(result: sa.CursorResult[Any]) -> int:
+    key = result.inserted_primary_key
+    assert key is not None
+    return int(key[0])
+
+
+def _insert_deduplicated(conn: Connection, backend: Backend, job: NewJob) -> Job:
+    statement = _statement(backend, job, backend.insert_new(jobs, jobs.c.dedupe_key))
+    live = sa.select(jobs).where(jobs.c.dedupe_key == job.values["dedupe_key"], jobs.c.status.in_(LIVE))
+    for _ in range(_DEDUPE_TRIES):
+        parameters = _parameters(backend, job, conn.dialect)
+        if conn.dialect.insert_returning:
+            row = conn.execute(statement.returning(*jobs.columns), parameters).first()
+            if row is not None:
+                return Job.from_row(row)
+        else:
+            result = conn.execute(statement, parameters)
+            if result.rowcount == 1 and result.lastrowid is not None:
+                return Job.from_row(conn.execute(sa.select(jobs).where(jobs.c.id == result.lastrowid)).one())
+        existing = conn.execute(live).first()
+        if existing is not None:
+            return Job.from_row(existing)
+    raise InvalidArgument(
+        f"dedupe key {job.values['dedupe_key']!r} kept colliding with jobs that finished at once; enqueue again"
+    )
+
+
+def task_named(tasks: Mapping[str, Task], name: object) -> Task:
+    """The registered task of that name; UnknownTask listing the registered ones otherwise."""
+    if isinstance(name, Task):
+        if tasks.get(name.name) is not name:
+            raise UnknownTask(f"task {name.name!r} is registered with another app, not this one")
+        return name
+    task = tasks.get(checked_name(name, "a task name", TASK_NAME))
+    if task is None:
+        known = ", ".join(sorted(tasks)) or "none yet"
+        raise UnknownTask(f"no task named {name!r} is registered; registered tasks: {known}")
+    return task

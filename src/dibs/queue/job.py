@@ -1,0 +1,92 @@
+"""A job as stored, and the context a running job's function may ask for."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy.engine import Row
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Job:
+    """One job: what to run, with what, and where it stands. Times are in UTC."""
+
+    id: int
+    task: str
+    queue: str
+    args: dict[str, Any]
+    priority: int
+    status: str
+    run_at: datetime
+    attempts: int
+    max_attempts: int
+    dedupe_key: str | None
+    ordering_key: str | None
+    tag: str | None
+    enqueued_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_error: str | None
+    lease_owner: str | None
+    cancel_requested: bool
+
+    @classmethod
+    def from_row(cls, row: Row[Any]) -> Job:
+        values = row._mapping
+        return cls(
+            id=values["id"],
+            task=values["task"],
+            queue=values["queue"],
+            args=json.loads(values["args"]),
+            priority=values["priority"],
+            status=values["status"],
+            run_at=_aware(values["run_at"]),  # type: ignore[arg-type]
+            attempts=values["attempts"],
+            max_attempts=values["max_attempts"],
+            dedupe_key=values["dedupe_key"],
+            ordering_key=values["ordering_key"],
+            tag=values["tag"],
+            enqueued_at=_aware(values["enqueued_at"]),  # type: ignore[arg-type]
+            started_at=_aware(values["started_at"]),
+            finished_at=_aware(values["finished_at"]),
+            last_error=values["last_error"],
+            lease_owner=values["lease_owner"],
+            cancel_requested=bool(values["cancel_requested"]),
+        )
+
+
+class JobContext:
+    """Given to a task function that has a ``context`` parameter: which job this is, and whether it
+    should stop (it was cancelled, timed out, or the worker is shutting down past its grace period)."""
+
+    def __init__(self, job_id: int, task: str, attempt: int, args: dict[str, Any]) -> None:
+        self.job_id = job_id
+        self.task = task
+        self.attempt = attempt
+        self.args = args
+        self._stop = threading.Event()
+        self.stop_reason: str | None = None
+
+    @property
+    def should_stop(self) -> bool:
+        """True once the job was asked to stop; a long job checks it and returns (or raises) early."""
+        return self._stop.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds`` (in a sync task), waking at once if asked to stop; True if asked."""
+        return self._stop.wait(seconds)
+
+    def stop(self, reason: str) -> None:
+        if not self._stop.is_set():
+            self.stop_reason = reason
+            self._stop.set()

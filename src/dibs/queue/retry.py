@@ -1,0 +1,50 @@
+"""When a failed job runs again: exponential backoff with jitter, for the exceptions the task names."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from datetime import timedelta
+
+from dibs._errors import InvalidArgument
+
+
+@dataclass(frozen=True, kw_only=True)
+class Retry:
+    """Retry after ``base * factor ** (attempt - 1)`` seconds, at most ``cap``, spread by +/- ``jitter``.
+
+    Only exceptions that are instances of ``on`` are retried; any other goes straight to the dead
+    letters. ``Retry(on=(TimeoutError, ConnectionError))`` retries network trouble and nothing else.
+    """
+
+    base: float = 1.0
+    factor: float = 2.0
+    cap: float = 3600.0
+    jitter: float = 0.1
+    on: tuple[type[BaseException], ...] = (Exception,)
+
+    def __post_init__(self) -> None:
+        for name in ("base", "factor", "cap"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise InvalidArgument(f"Retry({name}=) must be a number >= 0, got {value!r}")
+        if not isinstance(self.jitter, (int, float)) or not 0 <= self.jitter <= 1:
+            raise InvalidArgument(f"Retry(jitter=) must be a fraction between 0 and 1, got {self.jitter!r}")
+        if not isinstance(self.on, tuple) or not all(
+            isinstance(kind, type) and issubclass(kind, BaseException) for kind in self.on
+        ):
+            raise InvalidArgument(f"Retry(on=) must be a tuple of exception classes, got {self.on!r}")
+
+    def retries(self, error: BaseException) -> bool:
+        """Whether this error is one to retry."""
+        return isinstance(error, self.on)
+
+    def delay(self, attempt: int) -> timedelta:
+        """How long to wait before attempt ``attempt + 1``, after ``attempt`` attempts failed."""
+        seconds = min(self.cap, self.base * self.factor ** max(attempt - 1, 0))
+        spread = seconds * self.jitter
+        return timedelta(seconds=max(0.0, seconds + random.uniform(-spread, spread)))
+
+
+#: Five attempts in all, one second apart at first, doubling.
+DEFAULT_RETRY = Retry()

@@ -1,0 +1,197 @@
+"""The job queue's reads and writes, all through claim and fenced leases.
+
+* claim: queued jobs of the worker's queues, tasks and tags, highest priority first, then by run time
+  and enqueue order; of the live jobs sharing an ordering key only the oldest is eligible, so jobs of
+  one key run one at a time, in enqueue order.
+* finish: succeeded, retry (back to ``scheduled`` with a new run time), dead, or cancelled, each a
+  token-fenced lease write, batched.
+* upkeep, apart from the claim: scheduled jobs whose time came become queued; expired leases (a
+  crashed worker) go back to queued, or to dead after their last attempt; finished jobs are purged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine, Row
+
+from dibs.claim import claim
+from dibs.dialects import backend_for
+from dibs.dialects.base import moment
+from dibs.engine import connected
+from dibs.lease import Lease, Leases
+from dibs.schema import (
+    DEAD,
+    FINISHED,
+    LIVE,
+    QUEUED,
+    RUNNING,
+    SCHEDULED,
+    SUCCEEDED,
+    jobs,
+)
+
+#: Errors are kept up to this many characters (MySQL's TEXT holds 64 KiB).
+ERROR_LIMIT = 60_000
+RETRY_DELAY = "dibs_retry_delay"
+UPKEEP_BATCH = 1000
+
+leases = Leases(
+    jobs,
+    ready=QUEUED,
+    running=RUNNING,
+    done=SUCCEEDED,
+    failed=DEAD,
+    reclaim_expired=False,
+    finished_at="finished_at",
+)
+
+
+def _older_live_job() -> sa.ColumnElement[bool]:
+    """Whether a live job with the same ordering key was enqueued before this one."""
+    earlier = jobs.alias("dibs_earlier")
+    return sa.exists(
+        sa.select(earlier.c.id).where(
+            earlier.c.ordering_key == jobs.c.ordering_key,
+            earlier.c.id < jobs.c.id,
+            earlier.c.status.in_(LIVE),
+        )
+    )
+
+
+class JobStore:
+    """The queue's statements for one engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.backend = backend_for(engine.dialect)
+        self.claimer = leases.claimer(
+            where=[
+                jobs.c.queue.in_(sa.bindparam("dibs_queues", expanding=True)),
+                jobs.c.task.in_(sa.bindparam("dibs_tasks", expanding=True)),
+                sa.or_(jobs.c.tag.is_(None), jobs.c.tag.in_(sa.bindparam("dibs_tags", expanding=True))),
+                sa.or_(jobs.c.ordering_key.is_(None), ~_older_live_job()),
+            ],
+            order_by=[jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id],
+            set={jobs.c.started_at: self.backend.now()},
+        )
+
+    # -- claim -------------------------------------------------------------------------------------
+
+    def claim(
+        self,
+        conn: Engine | Connection,
+        *,
+        owner: str,
+        lease_seconds: float,
+        limit: int,
+        queues: Sequence[str],
+        tasks: Sequence[str],
+        tags: Sequence[str],
+    ) -> list[Lease]:
+        """Lease up to ``limit`` runnable jobs."""
+        return self.claimer.claim(
+            conn,
+            owner=owner,
+            duration=lease_seconds,
+            limit=limit,
+            parameters={"dibs_queues": list(queues), "dibs_tasks": list(tasks), "dibs_tags": list(tags)},
+        )
+
+    # -- finish ------------------------------------------------------------------------------------
+
+    def succeed(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
+        """Mark jobs succeeded; returns the leases that were lost (those writes changed nothing)."""
+        return leases.complete_many(conn, held, status=SUCCEEDED, set={jobs.c.dedupe_key: None})
+
+    def retry(self, conn: Engine | Connection, lease: Lease, delay: timedelta, error: str) -> bool:
+        """Schedule the job again ``delay`` from now on the database clock; False if the lease was lost."""
+        lost = leases.fail_many(
+            conn,
+            [lease],
+            status=SCHEDULED,
+            set={jobs.c.run_at: self.backend.after(RETRY_DELAY), jobs.c.last_error: error[:ERROR_LIMIT]},
+            parameters={RETRY_DELAY: self.backend.after_value(delay.total_seconds())},
+        )
+        return not lost
+
+    def bury(self, conn: Engine | Connection, lease: Lease, error: str, status: str = DEAD) -> bool:
+        """Finish the job as dead (or cancelled) with its error kept; False if the lease was lost."""
+        lost = leases.fail_many(
+            conn, [lease], status=status, set={jobs.c.last_error: error[:ERROR_LIMIT], jobs.c.dedupe_key: None}
+        )
+        return not lost
+
+    def renew(self, conn: Engine | Connection, held: Sequence[Lease], lease_seconds: float) -> list[Lease]:
+        """Extend leases; returns those lost."""
+        return leases.renew_many(conn, held, lease_seconds)
+
+    def release(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
+        """Give back unstarted jobs, queued again at once with the attempt not counted."""
+        return leases.release_many(conn, held)
+
+    def cancel_requests(self, conn: Engine | Connection, ids: Iterable[int]) -> set[int]:
+        """Which of these running jobs someone asked to cancel."""
+        wanted = list(ids)
+        if not wanted:
+            return set()
+        query = sa.select(jobs.c.id).where(jobs.c.id.in_(wanted), jobs.c.cancel_requested.is_(True))
+        with connected(conn) as reader:
+            return set(reader.execute(query).scalars())
+
+    # -- upkeep ------------------------------------------------------------------------------------
+
+    def promote_due(self, conn: Engine | Connection, limit: int = UPKEEP_BATCH) -> int:
+        """Scheduled jobs whose run time has come on the database clock become queued; returns how many."""
+        rows = claim(
+            conn,
+            jobs,
+            where=[jobs.c.status == SCHEDULED, jobs.c.run_at <= self.backend.now()],
+            set={jobs.c.status: QUEUED},
+            limit=limit,
+        )
+        return len(rows)
+
+    def recover_expired(self, conn: Engine | Connection) -> tuple[int, int]:
+        """Jobs whose worker lost its lease (it crashed, or hung past it) are queued again, or dead after
+        their last attempt; returns (requeued, dead)."""
+        message = "the worker running this job stopped renewing its lease (it crashed or hung) on its last attempt"
+        dead = leases.recover(
+            conn,
+            where=jobs.c.attempts >= jobs.c.max_attempts,
+            status=DEAD,
+            set={jobs.c.last_error: message, jobs.c.dedupe_key: None},
+        )
+        requeued = leases.recover(conn, status=QUEUED)
+        return len(requeued), len(dead)
+
+    def purge(
+        self, conn: Engine | Connection, older_than: timedelta, statuses: Sequence[str] = FINISHED, limit: int = 10_000
+    ) -> int:
+        """Delete up to ``limit`` finished jobs that finished more than ``older_than`` ago; returns how many."""
+        cutoff = moment(self.backend, -older_than.total_seconds())
+        rows = claim(
+            conn,
+            jobs,
+            where=[jobs.c.status.in_(list(statuses)), jobs.c.finished_at < cutoff],
+            delete=True,
+            limit=limit,
+        )
+        return len(rows)
+
+
+def error_text(error: BaseException, formatted: str) -> str:
+    """What is kept of a failure: the exception's type and message, then the traceback."""
+    return f"{type(error).__name__}: {error}\n\n{formatted}"[:ERROR_LIMIT]
+
+
+def dumps(args: Mapping[str, Any]) -> str:
+    return json.dumps(args, allow_nan=False, separators=(",", ":"), sort_keys=True)
+
+
+def rows_to_ids(rows: Iterable[Row[Any]]) -> list[int]:
+    return [row[0] for row in rows]

@@ -1,0 +1,524 @@
+"""The worker: claims jobs in batches, runs them, and writes their outcome, fenced by their lease.
+
+One asyncio loop runs everything. Database calls go to two threads of their own (so a claim never waits
+behind a completion), async task functions run on the loop, sync ones in a thread pool.
+
+* fetching: a batch is claimed into a local buffer whenever the buffer runs low; when nothing is
+  runnable the worker waits for a PostgreSQL notification or polls, backing off while idle;
+* running: ``concurrency`` runners take jobs from the buffer;
+* finishing: successes are written in batches, each as one token-fenced statement; failures are
+  retried with backoff or buried as dead, one by one;
+* heartbeats renew the leases of every job held, and learn which running jobs were cancelled;
+* upkeep (apart from the claim): scheduled jobs whose time came become queued, expired leases of
+  crashed workers are recovered, and, if asked, old finished jobs are purged;
+* shutdown (SIGTERM, SIGINT or :meth:`Worker.stop`): no more claims, unstarted jobs are released at
+  once, running jobs get ``grace`` seconds to finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from dibs._errors import InvalidArgument
+from dibs.dialects.base import Listener
+from dibs.lease import Lease
+from dibs.queue.job import JobContext
+from dibs.queue.store import error_text
+from dibs.queue.task import Task, checked_name
+from dibs.schema import CANCELLED, require_current
+
+if TYPE_CHECKING:
+    from dibs.metrics import Metrics
+    from dibs.queue.app import App
+
+T = TypeVar("T")
+log = logging.getLogger("dibs.worker")
+
+
+@dataclass
+class WorkerStats:
+    """What one worker did."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    dead: int = 0
+    cancelled: int = 0
+    released: int = 0
+    #: Outcomes the database refused because the lease had been taken over: the job runs elsewhere.
+    lost: int = 0
+
+
+@dataclass
+class _Running:
+    lease: Lease
+    task: Task
+    context: JobContext
+    runner: asyncio.Task[Any] | None
+
+
+class Worker:
+    """Runs an app's jobs until stopped (or, with ``burst=True``, until no job is runnable).
+
+    ``queues``: the queues to take jobs from (default: every queue of the app). ``tags``: the
+    version/capability tags this worker has; it takes jobs with no tag or one of these.
+    ``concurrency``: jobs run at once. ``batch``: most jobs claimed per round trip (default: twice
+    the concurrency). ``lease``: seconds a claim is held before another worker may take the job over;
+    renewed every ``heartbeat`` seconds. ``poll``: the longest wait between looks for work when idle.
+    ``grace``: seconds running jobs get to finish at shutdown. ``retention``: purge finished jobs older
+    than this. ``metrics_port``: serve Prometheus metrics on this port.
+    """
+
+    def __init__(
+        self,
+        app: App,
+        *,
+        queues: Iterable[str] | None = None,
+        tags: Iterable[str] = (),
+        concurrency: int = 10,
+        batch: int | None = None,
+        lease: float = 30.0,
+        heartbeat: float | None = None,
+        poll: float = 2.0,
+        grace: float = 30.0,
+        upkeep_every: float = 1.0,
+        retention: timedelta | None = None,
+        burst: bool = False,
+        name: str | None = None,
+        metrics_port: int | None = None,
+        handle_signals: bool = True,
+    ) -> None:
+        self.app = app
+        chosen = app.queues if queues is None else frozenset(checked_name(q, "a queue name") for q in queues)
+        unknown = chosen - app.queues
+        if unknown:
+            raise InvalidArgument(
+                f"no task is on queue(s) {', '.join(sorted(unknown))}; this app's queues: "
+                f"{', '.join(sorted(app.queues)) or 'none (register a task first)'}"
+            )
+        if not chosen:
+            raise InvalidArgument("this app has no tasks; register at least one with @app.task before running a worker")
+        self.queues = sorted(chosen)
+        self.tags = sorted(checked_name(tag, "a tag") for tag in tags)
+        # A job routed by enqueue(queue=...) to one of our queues may be of any registered task.
+        self.task_names = sorted(app.tasks)
+        for value, what in ((concurrency, "concurrency"), (batch, "batch")):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise InvalidArgument(f"{what} must be a whole number >= 1, got {value!r}")
+        for number, what in ((lease, "lease"), (poll, "poll"), (upkeep_every, "upkeep_every")):
+            if isinstance(number, bool) or not isinstance(number, (int, float)) or number <= 0:
+                raise InvalidArgument(f"{what} must be a positive number of seconds, got {number!r}")
+        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
+            raise InvalidArgument(f"grace must be a number of seconds >= 0, got {grace!r}")
+        self.concurrency = concurrency
+        self.batch = batch or 2 * concurrency
+        self.lease_seconds = float(lease)
+        self.heartbeat_seconds = float(heartbeat) if heartbeat else self.lease_seconds / 3
+        self.poll_seconds = float(poll)
+        self.grace_seconds = float(grace)
+        self.upkeep_seconds = float(upkeep_every)
+        self.retention = retention
+        self.burst = burst
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.metrics_port = metrics_port
+        self.handle_signals = handle_signals
+        self.stats = WorkerStats()
+        self.metrics: Metrics | None = None
+        self._store = app.store
+        self._stopping = threading.Event()
+        self._hurry = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._buffer: asyncio.Queue[Lease | None] | None = None
+        self._held: dict[tuple[Any, ...], Lease] = {}  # claimed and not yet finished
+        self._running: dict[int, _Running] = {}
+        self._done: list[Lease] = []
+        self._done_ready: asyncio.Event | None = None
+        self._idle_claims = 0
+        self._db = ThreadPoolExecutor(2, thread_name_prefix="dibs-db")
+        self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="dibs-task")
+
+    # -- control -----------------------------------------------------------------------------------
+
+    def run(self) -> WorkerStats:
+        """Run until stopped; returns what was done."""
+        return asyncio.run(self.arun())
+
+    def stop(self, *, hurry: bool = False) -> None:
+        """Stop gracefully (from any thread): claim no more, release unstarted jobs, let running ones
+        finish within the grace period (``hurry``: don't wait for them)."""
+        self._hurry = self._hurry or hurry
+        self._stopping.set()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._wake_up)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    async def arun(self) -> WorkerStats:
+        """run() on the caller's event loop."""
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._done_ready = asyncio.Event()
+        self._buffer = asyncio.Queue()
+        await self._call(require_current, self.app.engine)
+        self._start_metrics()
+        self._install_signals()
+        listener = self._listen()
+        runners = [asyncio.create_task(self._runner(), name=f"dibs-runner-{n}") for n in range(self.concurrency)]
+        chores = [
+            asyncio.create_task(self._flusher(), name="dibs-flusher"),
+            asyncio.create_task(self._heartbeats(), name="dibs-heartbeats"),
+            asyncio.create_task(self._upkeep(), name="dibs-upkeep"),
+        ]
+        log.info("worker %s started: queues %s, concurrency %d", self.name, ",".join(self.queues), self.concurrency)
+        try:
+            await self._fetch()
+            await self._shut_down(runners)
+        finally:
+            for chore in chores:
+                chore.cancel()
+            await asyncio.gather(*chores, return_exceptions=True)
+            await self._flush()
+            if listener is not None:
+                await self._call(listener.close)
+            self._remove_signals()
+            self._db.shutdown(wait=True)
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        log.info("worker %s stopped: %s", self.name, self.stats)
+        return self.stats
+
+    # -- fetching ----------------------------------------------------------------------------------
+
+    async def _fetch(self) -> None:
+        assert self._buffer is not None
+        assert self._wake is not None
+        idle_wait = 0.01
+        while not self.stopping:
+            room = self.concurrency + self.batch - len(self._held)
+            if room < min(self.batch, self.concurrency):
+                # Enough work in hand: wait until the runners take some of it.
+                await self._sleep(self.poll_seconds)
+                continue
+            started = time.perf_counter()
+            claimed = await self._call(
+                self._store.claim,
+                self.app.engine,
+                owner=self.name,
+                lease_seconds=self.lease_seconds,
+                limit=min(room, self.batch),
+                queues=self.queues,
+                tasks=self.task_names,
+                tags=self.tags,
+            )
+            if self.metrics is not None:
+                self.metrics.claimed(len(claimed), time.perf_counter() - started)
+            if self.stopping and claimed:
+                await self._release(claimed)
+                break
+            self.stats.claimed += len(claimed)
+            for lease in claimed:
+                self._held[lease.key] = lease
+                self._buffer.put_nowait(lease)
+            if claimed:
+                idle_wait = 0.01
+                continue
+            if self.burst and not self._held and await self._nothing_left():
+                break
+            # Idle: wait for a notification, a finished job, or the next poll, backing off.
+            await self._sleep(idle_wait)
+            idle_wait = min(idle_wait * 2, self.poll_seconds)
+
+    async def _nothing_left(self) -> bool:
+        """For burst mode: no job of ours is queued, scheduled (a retry waiting for its time) or running."""
+        promoted = await self._call(self._store.promote_due, self.app.engine)
+        if promoted:
+            return False
+        statuses = await self._call(self.app.status)
+        for status in statuses:
+            counts = status.counts
+            if status.queue in self.queues and (counts["queued"] or counts["scheduled"] or counts["running"]):
+                return False
+        return True
+
+    async def _sleep(self, seconds: float) -> None:
+        assert self._wake is not None
+        self._wake.clear()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._wake.wait(), seconds)
+
+    def _wake_up(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def _listen(self) -> Listener | None:
+        if not self.app.notify:
+            return None
+        loop = self._loop
+        assert loop is not None
+        queues = set(self.queues)
+
+        def woken(payload: str) -> None:
+            if not payload or queues.intersection(payload.split(",")):
+                loop.call_soon_threadsafe(self._wake_up)
+
+        from dibs.queue.app import CHANNEL
+
+        return self._store.backend.listen(self.app.engine, CHANNEL, woken)
+
+    # -- running -----------------------------------------------------------------------------------
+
+    async def _runner(self) -> None:
+        assert self._buffer is not None
+        while True:
+            lease = await self._buffer.get()
+            if lease is None:
+                return
+            if self._buffer.qsize() < self.concurrency:
+                self._wake_up()
+            await self._run(lease)
+
+    async def _run(self, lease: Lease) -> None:
+        if self._held.get(lease.key) is not lease:
+            return  # its lease was lost while it waited in the buffer
+        row = lease.row._mapping
+        job_id: int = row["id"]
+        task = self.app.tasks[row["task"]]
+        args = json.loads(row["args"])
+        context = JobContext(job_id, task.name, row["attempts"], args)
+        running = _Running(lease, task, context, asyncio.current_task())
+        self._running[job_id] = running
+        kwargs = {**args, "context": context} if task.wants_context else args
+        started = time.perf_counter()
+        try:
+            if task.is_async:
+                if task.timeout is None:
+                    await task.function(**kwargs)
+                else:
+                    await asyncio.wait_for(task.function(**kwargs), task.timeout)
+            else:
+                call = self._loop.run_in_executor(self._threads, lambda: task.function(**kwargs))  # type: ignore[union-attr]
+                await (call if task.timeout is None else asyncio.wait_for(call, task.timeout))
+        except asyncio.CancelledError:
+            # Only async jobs are cancelled on purpose (cancel, lease lost, shutdown); anything else is the
+            # loop itself going away.
+            if context.stop_reason is None or not task.is_async:
+                raise
+            self._uncancel()
+            await self._failed(running, asyncio.CancelledError(context.stop_reason), "")
+        except asyncio.TimeoutError:
+            context.stop("timeout")
+            error = TimeoutError(f"the job ran longer than its timeout of {task.timeout:g} seconds")
+            await self._failed(running, error, "")
+        except Exception as error:
+            await self._failed(running, error, traceback.format_exc())
+        else:
+            if context.stop_reason == "cancelled":
+                await self._failed(running, asyncio.CancelledError("cancelled"), "")
+            else:
+                self._done.append(lease)
+                assert self._done_ready is not None
+                self._done_ready.set()
+        finally:
+            self._running.pop(job_id, None)
+            if self.metrics is not None:
+                self.metrics.ran(task.name, time.perf_counter() - started)
+
+    @staticmethod
+    def _uncancel() -> None:
+        current = asyncio.current_task()
+        if current is not None and hasattr(current, "uncancel"):
+            current.uncancel()
+
+    async def _failed(self, running: _Running, error: BaseException, formatted: str) -> None:
+        lease, task = running.lease, running.task
+        self._held.pop(lease.key, None)
+        reason = running.context.stop_reason
+        if reason == "lease lost":
+            self.stats.lost += 1
+            return
+        text = error_text(error, formatted)
+        attempts = lease.row._mapping["attempts"]
+        max_attempts = lease.row._mapping["max_attempts"]
+        if reason == "cancelled":
+            outcome, kept = "cancelled", await self._call(self._store.bury, self.app.engine, lease, text, CANCELLED)
+        elif attempts < max_attempts and task.retry.retries(error) and reason != "shutdown":
+            delay = task.retry.delay(attempts)
+            outcome, kept = "retried", await self._call(self._store.retry, self.app.engine, lease, delay, text)
+        elif reason == "shutdown":
+            outcome, kept = "released", not await self._call(self._store.release, self.app.engine, [lease])
+        else:
+            outcome, kept = "dead", await self._call(self._store.bury, self.app.engine, lease, text)
+        if not kept:
+            self.stats.lost += 1
+            return
+        setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+        if self.metrics is not None:
+            self.metrics.finished(task.name, outcome)
+        log.log(
+            logging.WARNING if outcome == "dead" else logging.INFO,
+            "job %s (%s) attempt %d %s: %s",
+            lease.key[0],
+            task.name,
+            attempts,
+            outcome,
+            f"{type(error).__name__}: {error}",
+        )
+
+    # -- finishing ---------------------------------------------------------------------------------
+
+    async def _flusher(self) -> None:
+        assert self._done_ready is not None
+        while True:
+            await self._done_ready.wait()
+            self._done_ready.clear()
+            await self._flush()
+
+    async def _flush(self) -> None:
+        if not self._done:
+            return
+        done, self._done = self._done, []
+        for lease in done:
+            self._held.pop(lease.key, None)
+        lost = await self._call(self._store.succeed, self.app.engine, done)
+        self.stats.succeeded += len(done) - len(lost)
+        self.stats.lost += len(lost)
+        if self.metrics is not None:
+            self.metrics.finished_many("succeeded", len(done) - len(lost))
+        for lease in lost:
+            log.warning(
+                "job %s finished, but its lease had been taken over: the outcome was not recorded", lease.key[0]
+            )
+        self._wake_up()
+
+    async def _release(self, leases: list[Lease]) -> None:
+        if not leases:
+            return
+        lost = await self._call(self._store.release, self.app.engine, leases)
+        for lease in leases:
+            self._held.pop(lease.key, None)
+        self.stats.released += len(leases) - len(lost)
+
+    # -- heartbeats and upkeep ---------------------------------------------------------------------
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_seconds)
+            held = list(self._held.values())
+            if held:
+                lost = await self._call(self._store.renew, self.app.engine, held, self.lease_seconds)
+                for lease in lost:
+                    self._lose(lease)
+            running = list(self._running)
+            if running:
+                for job_id in await self._call(self._store.cancel_requests, self.app.engine, running):
+                    self._interrupt(job_id, "cancelled")
+
+    def _lose(self, lease: Lease) -> None:
+        log.warning("lost the lease on job %s (it expired and was taken over); stopping it here", lease.key[0])
+        self._held.pop(lease.key, None)
+        self._interrupt(lease.key[0], "lease lost")
+
+    def _interrupt(self, job_id: int, reason: str) -> None:
+        running = self._running.get(job_id)
+        if running is None:
+            return
+        running.context.stop(reason)
+        if running.task.is_async and running.runner is not None:
+            running.runner.cancel()
+
+    async def _upkeep(self) -> None:
+        last_purge = 0.0
+        while True:
+            try:
+                if await self._call(self._store.promote_due, self.app.engine):
+                    self._wake_up()
+                requeued, dead = await self._call(self._store.recover_expired, self.app.engine)
+                if requeued or dead:
+                    log.warning(
+                        "recovered %d jobs of workers that stopped renewing their lease (%d dead)", requeued, dead
+                    )
+                    self._wake_up()
+                if self.retention is not None and time.monotonic() - last_purge > 60:
+                    last_purge = time.monotonic()
+                    await self._call(self.app.purge, older_than=self.retention)
+                if self.metrics is not None:
+                    self.metrics.observe(await self._call(self.app.status))
+            except Exception as error:
+                log.warning("upkeep failed, will try again: %s", error)
+            await asyncio.sleep(self.upkeep_seconds)
+
+    # -- shutdown ----------------------------------------------------------------------------------
+
+    async def _shut_down(self, runners: list[asyncio.Task[Any]]) -> None:
+        assert self._buffer is not None
+        unstarted: list[Lease] = []
+        while not self._buffer.empty():
+            lease = self._buffer.get_nowait()
+            if lease is not None:
+                unstarted.append(lease)
+        await self._release(unstarted)
+        for _ in runners:
+            self._buffer.put_nowait(None)
+        deadline = time.monotonic() + (0 if self._hurry else self.grace_seconds)
+        while self._running and time.monotonic() < deadline and not self._hurry:
+            await asyncio.sleep(0.05)
+        for job_id in list(self._running):
+            self._interrupt(job_id, "shutdown")
+        await asyncio.wait(runners, timeout=1.0)
+        await self._flush()
+        # Sync jobs still running past the grace period keep their lease; it expires when this process
+        # is gone, and the job runs again elsewhere.
+
+    def _install_signals(self) -> None:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return
+        loop = self._loop
+        assert loop is not None
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(signum, self._on_signal, signum)
+
+    def _on_signal(self, signum: int) -> None:
+        log.info("worker %s got %s: stopping", self.name, signal.Signals(signum).name)
+        # A second signal means: don't wait for running jobs.
+        self.stop(hurry=self.stopping)
+
+    def _remove_signals(self) -> None:
+        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
+            return
+        loop = self._loop
+        assert loop is not None
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.remove_signal_handler(signum)
+
+    def _start_metrics(self) -> None:
+        if self.metrics_port is None:
+            return
+        from dibs.metrics import Metrics
+
+        self.metrics = Metrics.serve(self.metrics_port)
+
+    async def _call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking database call on the worker's database threads."""
+        assert self._loop is not None
+        return await self._loop.run_in_executor(self._db, lambda: function(*args, **kwargs))
