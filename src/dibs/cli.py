@@ -1,0 +1,256 @@
+"""The ``dibs`` command: create the tables, run workers, enqueue, inspect and manage jobs, run the demo.
+
+The database comes from ``--db``, else ``$DIBS_DATABASE_URL``, else the SQLite file ``dibs.sqlite``.
+``APP`` is where an app lives, as ``module:attribute`` (``myproject.tasks:app``); the current directory
+is on the import path.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import shutil
+import sys
+from datetime import timedelta
+from typing import Any
+
+try:
+    import click
+    from rich.console import Console
+    from rich.table import Table
+except ImportError:  # pragma: no cover - exercised only without the extra
+    click = None  # type: ignore[assignment]
+
+import dibs
+from dibs.queue.app import App, database_url
+from dibs.schema import FINISHED, STATES
+
+
+def main() -> None:
+    """The console script's entry point."""
+    if click is None:
+        sys.stderr.write("the dibs command needs click and rich; install them with: pip install 'dibs[cli]'\n")
+        raise SystemExit(2)
+    command(prog_name="dibs")
+
+
+def _fail(message: str) -> None:
+    raise click.ClickException(message)
+
+
+def _load_app(spec: str) -> App:
+    module_name, _, attribute = spec.partition(":")
+    if not module_name:
+        _fail(f"APP must look like module:attribute (for example myproject.tasks:app), got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        _fail(f"cannot import {module_name!r} ({exc}); run dibs from your project's directory or fix APP")
+    if not attribute:
+        found = [value for value in vars(module).values() if isinstance(value, App)]
+        if len(found) != 1:
+            _fail(f"{module_name!r} has {len(found)} dibs.App objects; name one as {module_name}:attribute")
+        return found[0]
+    app = getattr(module, attribute, None)
+    if not isinstance(app, App):
+        _fail(f"{spec!r} is not a dibs.App (it is {type(app).__name__})")
+    return app  # type: ignore[return-value]
+
+
+def _console() -> Console:
+    """Tables stay readable when piped: at least 120 columns wide."""
+    return Console(width=max(shutil.get_terminal_size().columns, 120))
+
+
+def _app(ctx: click.Context) -> App:
+    return App(ctx.obj["db"])
+
+
+def _run(action: Any) -> Any:
+    """Run an action, turning dibs errors into a clear message and exit status 1."""
+    try:
+        return action()
+    except dibs.DibsError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+if click is not None:
+
+    @click.group(help=__doc__)
+    @click.option(
+        "--db", envvar="DIBS_DATABASE_URL", default=None, help="Database URL (default: sqlite:///dibs.sqlite)."
+    )
+    @click.pass_context
+    def command(ctx: click.Context, db: str | None) -> None:
+        ctx.ensure_object(dict)
+        ctx.obj["db"] = database_url(db)
+        # Apps the user's modules create without a URL use the same database.
+        os.environ["DIBS_DATABASE_URL"] = ctx.obj["db"]
+
+    @command.command(help="Create the dibs tables, or upgrade them to this version of dibs.")
+    @click.pass_context
+    def init(ctx: click.Context) -> None:
+        app = _app(ctx)
+        applied = _run(app.init)
+        where = app.engine.url.render_as_string(hide_password=True)
+        if applied:
+            click.echo(f"applied migration(s) {', '.join(map(str, applied))} to {where}")
+        else:
+            click.echo(f"{where} is up to date")
+
+    @command.command(help="Run a worker for the tasks of APP (module:attribute) until SIGTERM or SIGINT.")
+    @click.argument("app_spec", metavar="APP")
+    @click.option("--queues", "-q", default=None, help="Comma-separated queues (default: all of the app's).")
+    @click.option("--tags", default="", help="Comma-separated version/capability tags this worker has.")
+    @click.option("--concurrency", "-c", default=10, show_default=True, help="Jobs run at once.")
+    @click.option("--batch", default=None, type=int, help="Jobs claimed per round trip (default: 2 x concurrency).")
+    @click.option("--lease", default=30.0, show_default=True, help="Seconds a claim is held (renewed by heartbeats).")
+    @click.option("--grace", default=30.0, show_default=True, help="Seconds running jobs get to finish at shutdown.")
+    @click.option("--retention", default=None, type=float, help="Purge finished jobs older than this many hours.")
+    @click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics on this port.")
+    @click.option("--burst", is_flag=True, help="Exit when no job is queued, scheduled or running.")
+    def worker(
+        app_spec: str,
+        queues: str | None,
+        tags: str,
+        concurrency: int,
+        batch: int | None,
+        lease: float,
+        grace: float,
+        retention: float | None,
+        metrics_port: int | None,
+        burst: bool,
+    ) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        app = _load_app(app_spec)
+        runner = _run(
+            lambda: app.worker(
+                queues=None if queues is None else [q for q in queues.split(",") if q],
+                tags=[t for t in tags.split(",") if t],
+                concurrency=concurrency,
+                batch=batch,
+                lease=lease,
+                grace=grace,
+                retention=None if retention is None else timedelta(hours=retention),
+                metrics_port=metrics_port,
+                burst=burst,
+            )
+        )
+        stats = _run(runner.run)
+        click.echo(
+            f"worker stopped: {stats.succeeded} succeeded, {stats.retried} retried, {stats.dead} dead, "
+            f"{stats.cancelled} cancelled, {stats.released} released"
+        )
+
+    @command.command(help="Enqueue a job of TASK from APP, with ARGS as a JSON object.")
+    @click.argument("app_spec", metavar="APP")
+    @click.argument("task")
+    @click.argument("args", default="{}")
+    @click.option("--queue", default=None)
+    @click.option("--priority", default=None, type=int)
+    @click.option("--delay", default=None, type=float, help="Seconds from now.")
+    @click.option("--max-attempts", default=None, type=int)
+    @click.option("--dedupe-key", default=None)
+    @click.option("--ordering-key", default=None)
+    def enqueue(app_spec: str, task: str, args: str, **options: Any) -> None:
+        app = _load_app(app_spec)
+        try:
+            values = json.loads(args)
+        except json.JSONDecodeError as exc:
+            _fail(f"ARGS must be a JSON object such as '{{\"order_id\": 7}}': {exc}")
+        chosen = {name: value for name, value in options.items() if value is not None}
+        job = _run(lambda: app.enqueue(task, values, **chosen))
+        click.echo(f"enqueued job {job.id} ({job.task}) on queue {job.queue}: {job.status}")
+
+    @command.command(help="Jobs per queue and state, the oldest runnable job's wait, and throughput.")
+    @click.pass_context
+    def status(ctx: click.Context) -> None:
+        statuses = _run(_app(ctx).status)
+        table = Table(title="dibs queues")
+        table.add_column("queue")
+        for state in STATES:
+            table.add_column(state, justify="right")
+        table.add_column("oldest ready", justify="right")
+        table.add_column("finished/s (1 min)", justify="right")
+        for row in statuses:
+            oldest = "-" if row.oldest_ready_seconds is None else f"{row.oldest_ready_seconds:.1f}s"
+            table.add_row(
+                row.queue, *(f"{row.counts[state]:,}" for state in STATES), oldest, f"{row.finished_per_second:.1f}"
+            )
+        _console().print(table if statuses else "no jobs yet")
+
+    @command.group(help="List, retry, cancel and purge jobs.")
+    def jobs() -> None:
+        pass
+
+    @jobs.command("list", help="Jobs, newest first.")
+    @click.option("--status", "states", multiple=True, type=click.Choice(STATES), help="Only jobs in this state.")
+    @click.option("--queue", default=None)
+    @click.option("--task", default=None)
+    @click.option("--limit", default=50, show_default=True)
+    @click.pass_context
+    def list_jobs(ctx: click.Context, states: tuple[str, ...], queue: str | None, task: str | None, limit: int) -> None:
+        found = _run(lambda: _app(ctx).jobs(status=list(states) or None, queue=queue, task=task, limit=limit))
+        table = Table()
+        for column in ("id", "task", "queue", "status", "attempts", "run at", "last error"):
+            table.add_column(column)
+        for job in found:
+            error = (job.last_error or "").splitlines()[0] if job.last_error else ""
+            table.add_row(
+                str(job.id),
+                job.task,
+                job.queue,
+                job.status,
+                f"{job.attempts}/{job.max_attempts}",
+                job.run_at.strftime("%Y-%m-%d %H:%M:%S"),
+                error[:80],
+            )
+        _console().print(table)
+
+    @jobs.command(help="Queue dead or cancelled jobs again.")
+    @click.argument("ids", nargs=-1, type=int, required=True)
+    @click.pass_context
+    def retry(ctx: click.Context, ids: tuple[int, ...]) -> None:
+        app = _app(ctx)
+        for job_id in ids:
+            job = _run(lambda job_id=job_id: app.retry(job_id))
+            click.echo(f"job {job.id}: {job.status}")
+
+    @jobs.command(help="Cancel jobs: waiting ones at once, running ones are asked to stop.")
+    @click.argument("ids", nargs=-1, type=int, required=True)
+    @click.pass_context
+    def cancel(ctx: click.Context, ids: tuple[int, ...]) -> None:
+        app = _app(ctx)
+        for job_id in ids:
+            job = _run(lambda job_id=job_id: app.cancel(job_id))
+            asked = " (asked to stop)" if job.cancel_requested and job.status == "running" else ""
+            click.echo(f"job {job.id}: {job.status}{asked}")
+
+    @jobs.command(help="Delete finished jobs older than --older-than hours.")
+    @click.option("--older-than", default=0.0, show_default=True, help="Hours since they finished.")
+    @click.option("--status", "states", multiple=True, type=click.Choice(FINISHED), help="Default: all finished.")
+    @click.pass_context
+    def purge(ctx: click.Context, older_than: float, states: tuple[str, ...]) -> None:
+        removed = _run(
+            lambda: _app(ctx).purge(older_than=timedelta(hours=older_than), statuses=list(states) or FINISHED)
+        )
+        click.echo(f"purged {removed:,} finished jobs")
+
+    @command.command(help="Drain a realistic mixed workload with worker processes on SQLite, live.")
+    @click.option("--jobs", "count", default=2000, show_default=True, help="About how many jobs.")
+    @click.option("--workers", default=3, show_default=True, help="Worker processes.")
+    @click.option("--file", "path", default=None, help="SQLite file (default: dibs-demo.sqlite, recreated).")
+    @click.option("--no-kill", is_flag=True, help="Do not kill a worker mid-run.")
+    def demo(count: int, workers: int, path: str | None, no_kill: bool) -> None:
+        from dibs.demo import run_demo
+
+        if not run_demo(path, count, workers, not no_kill):
+            raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""The dibs command, run as a subprocess exactly as a user types it, on every backend."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from dibs.schema import metadata
+
+DIBS = str(Path(sys.executable).with_name("dibs"))
+APP = "tests.acceptance.cli_app:app"
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(params=["postgresql", "sqlite", "mariadb"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database URL with no dibs tables in it; they are dropped afterwards."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'cli.sqlite'}"
+    else:
+        base: sa.URL = request.getfixturevalue(f"{'postgres' if request.param == 'postgresql' else 'mariadb'}_database")
+        url = base.render_as_string(hide_password=False)
+    engine = sa.create_engine(url)
+    metadata.drop_all(engine)
+    yield url
+    metadata.drop_all(engine)
+    engine.dispose()
+
+
+def dibs(database: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DIBS_DATABASE_URL": database, "DIBS_CLI_TEST_OUT": str(tmp_path / "out.txt")}
+    return subprocess.run(
+        [DIBS, *args], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT, env={**env, "COLUMNS": "200"}
+    )
+
+
+def test_init_enqueue_work_and_inspect(database: str, tmp_path: Path) -> None:
+    first = dibs(database, tmp_path, "init")
+    assert first.returncode == 0, first.stderr
+    assert "applied migration(s) 1" in first.stdout
+    assert "up to date" in dibs(database, tmp_path, "init").stdout
+
+    for name in ("ada", "grace"):
+        enqueued = dibs(database, tmp_path, "enqueue", APP, "greet", f'{{"name": "{name}"}}')
+        assert enqueued.returncode == 0, enqueued.stderr
+        assert "enqueued job" in enqueued.stdout
+    assert dibs(database, tmp_path, "enqueue", APP, "explode").returncode == 0
+
+    status = dibs(database, tmp_path, "status")
+    assert status.returncode == 0, status.stderr
+    assert "default" in status.stdout
+    assert "│      3 │" in status.stdout.replace("┃", "│")  # three queued
+
+    worked = dibs(database, tmp_path, "worker", APP, "--burst", "--concurrency", "2")
+    assert worked.returncode == 0, worked.stderr
+    assert "2 succeeded" in worked.stdout
+    assert "1 dead" in worked.stdout
+    assert sorted((tmp_path / "out.txt").read_text().splitlines()) == ["hello ada", "hello grace"]
+
+    dead = dibs(database, tmp_path, "jobs", "list", "--status", "dead")
+    assert "explode" in dead.stdout
+    assert "RuntimeError: this job always fails" in dead.stdout
+    dead_id = next(line.split("│")[1].strip() for line in dead.stdout.splitlines() if "explode" in line)
+    retried = dibs(database, tmp_path, "jobs", "retry", dead_id)
+    assert f"job {dead_id}: queued" in retried.stdout
+    cancelled = dibs(database, tmp_path, "jobs", "cancel", dead_id)
+    assert f"job {dead_id}: cancelled" in cancelled.stdout
+
+    purged = dibs(database, tmp_path, "jobs", "purge")
+    assert "purged 3 finished jobs" in purged.stdout
+    assert "no jobs yet" in dibs(database, tmp_path, "status").stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["enqueue", APP, "nope"], "no task named 'nope' is registered; registered tasks: explode, greet"),
+        (["enqueue", APP, "greet", "not json"], "ARGS must be a JSON object"),
+        (["enqueue", APP, "greet", '{"name": "x"}', "--delay", "-1"], "delay must not be negative"),
+        (["enqueue", APP, "greet", '{"name": "x"}', "--queue", "elsewhere"], "no task is on queue 'elsewhere'"),
+        (["enqueue", "tests.acceptance.missing:app", "greet"], "cannot import 'tests.acceptance.missing'"),
+        (["jobs", "cancel", "424242"], "there is no job 424242"),
+    ],
+)
+def test_bad_input_says_what_to_do_and_writes_nothing(
+    database: str, tmp_path: Path, args: list[str], message: str
+) -> None:
+    assert dibs(database, tmp_path, "init").returncode == 0
+    result = dibs(database, tmp_path, *args)
+    assert result.returncode != 0
+    assert message in result.stderr
+    engine = sa.create_engine(database)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM dibs_jobs")).scalar_one() == 0
+    engine.dispose()
+
+
+def test_worker_on_a_database_without_tables_says_to_run_init(database: str, tmp_path: Path) -> None:
+    result = dibs(database, tmp_path, "worker", APP, "--burst")
+    assert result.returncode == 1
+    assert "run `dibs init" in result.stderr
