@@ -546,9 +546,12 @@ class Leases:
         *,
         status: str | None = None,
         set: Mapping[Any, Any] | None = None,
+        parameters: Mapping[str, Any] | None = None,
     ) -> list[Lease]:
         """complete_many() for asyncio."""
-        return await _run_async(bind, lambda conn: self.complete_many(conn, leases, status=status, set=set))
+        return await _run_async(
+            bind, lambda conn: self.complete_many(conn, leases, status=status, set=set, parameters=parameters)
+        )
 
     async def afail(
         self,
@@ -568,9 +571,23 @@ class Leases:
         *,
         status: str | None = None,
         set: Mapping[Any, Any] | None = None,
+        parameters: Mapping[str, Any] | None = None,
     ) -> list[Lease]:
         """fail_many() for asyncio."""
-        return await _run_async(bind, lambda conn: self.fail_many(conn, leases, status=status, set=set))
+        return await _run_async(
+            bind, lambda conn: self.fail_many(conn, leases, status=status, set=set, parameters=parameters)
+        )
+
+    async def arecover(
+        self,
+        bind: AsyncEngine | AsyncConnection,
+        *,
+        where: Criteria = None,
+        status: str | None = None,
+        set: Mapping[Any, Any] | None = None,
+    ) -> list[tuple[Any, ...]]:
+        """recover() for asyncio."""
+        return await _run_async(bind, lambda conn: self.recover(conn, where=where, status=status, set=set))
 
     async def arelease(self, bind: AsyncEngine | AsyncConnection, lease: Lease) -> None:
         """release() for asyncio."""

@@ -194,3 +194,71 @@ def test_keys_of_other_types_are_claimed_and_fenced_exactly(db: Harness, key_typ
     lost = db.lease(leases, "complete_many", [*held, current])
     assert [lease.key[0] for lease in lost] == [keys[0]]  # only the lease that was taken over
     assert {row.status for row in db.rows(sa.select(table))} == {"done"}
+
+
+def test_without_reclaiming_expired_leases_recover_puts_them_back(db: Harness) -> None:
+    table = db.table("recovered", *leased_columns(), sa.Column("finished_at", dibs.Timestamp, nullable=True))
+    db.execute(table.insert(), fill(table, 3))
+    leases = db.leases(table, reclaim_expired=False, finished_at="finished_at")
+    held = db.lease(leases, "claim", owner="crashed", duration=0.3, limit=3, order_by="id")
+    assert len(held) == 3
+    time.sleep(0.5)
+    # Expired, but this claim reads ready rows only.
+    assert db.lease(leases, "claim", owner="other", duration=30, limit=3) == []
+    # The row on its last attempt gives up; the others are ready again.
+    buried = db.lease(leases, "recover", where=table.c.id == 3, status="failed", set={"payload": "gave up"})
+    assert buried == [(3,)]
+    assert sorted(db.lease(leases, "recover")) == [(1,), (2,)]
+    assert db.lease(leases, "recover") == []
+    rows = {row.id: row for row in db.rows(sa.select(table))}
+    assert (rows[3].status, rows[3].payload, rows[3].lease_owner) == ("failed", "gave up", None)
+    assert rows[3].finished_at is not None
+    assert (rows[1].status, rows[1].lease_owner, rows[1].finished_at) == ("ready", None, None)
+    # The crashed holder's late write changes nothing; the new holder's does.
+    lost = db.lease(leases, "complete_many", held)
+    assert len(lost) == 3
+    again = db.lease(leases, "claim", owner="other", duration=30, limit=3, order_by="id")
+    assert [lease.key for lease in again] == [(1,), (2,)]
+    assert db.lease(leases, "complete_many", again) == []
+    finished = db.rows(sa.select(table.c.finished_at).where(table.c.status == "done"))
+    assert len(finished) == 2
+    assert all(row.finished_at is not None for row in finished)
+
+
+def test_a_claimer_fixes_criteria_and_takes_parameters_per_call(db: Harness) -> None:
+    table = db.table("claimer", *leased_columns())
+    db.execute(table.insert(), fill(table, 6, payload=lambda i: "a" if i % 2 else "b"))
+    leases = db.leases(table)
+    claimer = leases.claimer(
+        where=table.c.payload.in_(sa.bindparam("kinds", expanding=True)),
+        order_by=[table.c.id.desc()],
+        set={table.c.attempts: table.c.attempts + sa.bindparam("step", type_=sa.Integer)},
+    )
+
+    def claim(kinds: list[str], limit: int) -> list[dibs.Lease]:
+        options = {"owner": "w", "duration": 30, "limit": limit, "parameters": {"kinds": kinds, "step": 10}}
+        if db.target.is_async:
+            return db.run(claimer.aclaim(db.engine, **options))
+        return claimer.claim(db.engine, **options)
+
+    assert [lease.key for lease in claim(["b"], 2)] == [(6,), (4,)]
+    assert [lease.key for lease in claim(["a"], 5)] == [(5,), (3,), (1,)]
+    assert [lease.key for lease in claim(["a", "b"], 5)] == [(2,)]
+    # The claimer's own value for a column replaces the lease's (attempts + 1).
+    assert {row.attempts for row in db.rows(sa.select(table))} == {10}
+
+
+def test_finish_values_may_take_parameters(db: Harness) -> None:
+    _, leases = make_leased(db, 2)
+    table = leases.table
+    held = db.lease(leases, "claim", owner="w", duration=30, limit=2, order_by="id")
+    lost = db.lease(
+        leases,
+        "fail_many",
+        held,
+        status="ready",
+        set={"payload": sa.bindparam("prefix", type_=sa.String) + "-x"},
+        parameters={"prefix": "retry"},
+    )
+    assert lost == []
+    assert {(row.status, row.payload) for row in db.rows(sa.select(table))} == {("ready", "retry-x")}
