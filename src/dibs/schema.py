@@ -55,7 +55,7 @@ jobs = sa.Table(
     sa.Column("lease_expires_at", Timestamp, nullable=True),
     sa.Column("lease_token", sa.BigInteger, nullable=False, server_default="0"),
     # Set while the job is live, cleared when it finishes: the unique index then allows one live job per key.
-    sa.Column("dedupe_key", sa.String(200), nullable=True, unique=True),
+    sa.Column("dedupe_key", sa.String(200), nullable=True),
     sa.Column("ordering_key", sa.String(200), nullable=True),
     sa.Column("tag", sa.String(100), nullable=True),
     sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
@@ -66,11 +66,13 @@ jobs = sa.Table(
 )
 
 
-def _partial(name: str, columns: list[Any], where: str, full_prefix: list[Any]) -> list[sa.Index]:
+def _partial(
+    name: str, columns: list[Any], where: str, full_prefix: list[Any], *, unique: bool = False
+) -> list[sa.Index]:
     """A partial index where the database has them, else a full one led by ``full_prefix``."""
-    partial = sa.Index(name, *columns, postgresql_where=sa.text(where), sqlite_where=sa.text(where))
+    partial = sa.Index(name, *columns, unique=unique, postgresql_where=sa.text(where), sqlite_where=sa.text(where))
     partial.ddl_if(callable_=_has_partial)
-    full = sa.Index(f"{name}_full", *full_prefix, *columns)
+    full = sa.Index(f"{name}_full", *full_prefix, *columns, unique=unique)
     full.ddl_if(callable_=_lacks_partial)
     return [partial, full]
 
@@ -83,7 +85,9 @@ def _lacks_partial(*_: Any, dialect: sa.Dialect, **__: Any) -> bool:
     return not _has_partial(dialect=dialect)
 
 
-# Indexes attach themselves to the table through their columns.
+# Indexes attach themselves to the table through their columns. Every update of a job that changes an
+# indexed column writes an entry into each index whose predicate the new row matches, so each index
+# holds only the rows it serves: a claim or a completion touches the primary key and one other index.
 # The claim: runnable jobs of a queue in claim order.
 _partial(
     "dibs_jobs_claim",
@@ -102,8 +106,15 @@ _partial(
     "status IN ('scheduled', 'queued', 'running') AND ordering_key IS NOT NULL",
     [jobs.c.status],
 )
-# Retention sweeps and status counts.
-sa.Index("dibs_jobs_finished", jobs.c.status, jobs.c.finished_at)
+# One live job per dedupe key (the key is cleared when the job finishes).
+_partial("dibs_jobs_dedupe", [jobs.c.dedupe_key], "dedupe_key IS NOT NULL", [], unique=True)
+# Retention sweeps.
+_partial(
+    "dibs_jobs_finished",
+    [jobs.c.status, jobs.c.finished_at],
+    "status IN ('succeeded', 'dead', 'cancelled')",
+    [],
+)
 
 schema_versions = sa.Table(
     SCHEMA,

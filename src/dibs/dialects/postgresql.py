@@ -160,7 +160,7 @@ class PostgreSQL(BackendDefaults):
         return {"dibs_fenced_keys": list(newest), "dibs_fenced_tokens": list(newest.values())}
 
     def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
-        return postgresql.insert(table).on_conflict_do_nothing(index_elements=[unique])
+        return postgresql.insert(table).on_conflict_do_nothing(index_elements=[unique], index_where=unique.is_not(None))
 
     def notify(self, channel: str) -> sa.Executable | None:
         return sa.select(sa.func.pg_notify(channel, sa.bindparam("dibs_payload", type_=sa.String)))

@@ -187,7 +187,7 @@ class SQLite(AppClock, BackendDefaults):
         return {"dibs_fenced_pairs": json.dumps(pairs)}  # tuples become JSON arrays
 
     def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
-        return sqlite_insert(table).on_conflict_do_nothing(index_elements=[unique])
+        return sqlite_insert(table).on_conflict_do_nothing(index_elements=[unique], index_where=unique.is_not(None))
 
     def configure(self, engine: Engine) -> None:
         """WAL (readers never block the writer) and fsync at checkpoints only."""

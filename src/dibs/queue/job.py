@@ -74,19 +74,27 @@ class JobContext:
         self.task = task
         self.attempt = attempt
         self.args = args
-        self._stop = threading.Event()
         self.stop_reason: str | None = None
+        # Made on first wait(): most jobs never wait, and an Event costs more than a no-op job.
+        self._event: threading.Event | None = None
 
     @property
     def should_stop(self) -> bool:
         """True once the job was asked to stop; a long job checks it and returns (or raises) early."""
-        return self._stop.is_set()
+        return self.stop_reason is not None
 
     def wait(self, seconds: float) -> bool:
         """Sleep up to ``seconds`` (in a sync task), waking at once if asked to stop; True if asked."""
-        return self._stop.wait(seconds)
+        if self._event is None:
+            self._event = threading.Event()
+        # Checked after the event exists: stop() sets the reason before it looks for the event.
+        if self.stop_reason is not None:
+            return True
+        return self._event.wait(seconds)
 
     def stop(self, reason: str) -> None:
-        if not self._stop.is_set():
+        """Ask the job to stop (the worker calls this)."""
+        if self.stop_reason is None:
             self.stop_reason = reason
-            self._stop.set()
+            if self._event is not None:
+                self._event.set()

@@ -213,7 +213,9 @@ class Worker:
         assert self._wake is not None
         idle_wait = 0.01
         while not self.stopping:
-            room = self.concurrency + self.batch - len(self._held)
+            # Jobs waiting to run or running; finished ones whose success is being written don't count, so
+            # the next claim overlaps with that write.
+            room = self.concurrency + self.batch - self._buffer.qsize() - len(self._running)
             if room < min(self.batch, self.concurrency):
                 # Enough work in hand: wait until the runners take some of it.
                 await self._sleep(self.poll_seconds)
