@@ -311,13 +311,35 @@ class Worker:
         kwargs = {**args, "context": context} if task.wants_context else args
         started = time.perf_counter()
         try:
+            error, formatted = await self._execute(task, kwargs, context)
+        finally:
+            # Out of _running before anything else is awaited: a cancellation aimed at this job can no
+            # longer land in the writes that record its outcome.
+            self._running.pop(job_id, None)
+        if self.metrics is not None:
+            self.metrics.ran(task.name, time.perf_counter() - started)
+        if error is None and context.stop_reason == "cancelled":
+            error = asyncio.CancelledError("cancelled")
+        if error is not None:
+            await self._failed(running, error, formatted)
+            return
+        self._done.append(lease)
+        assert self._done_ready is not None
+        self._done_ready.set()
+
+    async def _execute(
+        self, task: Task, kwargs: dict[str, Any], context: JobContext
+    ) -> tuple[BaseException | None, str]:
+        """Run the task's function; returns what it raised (None if it returned) and the traceback."""
+        try:
             if task.is_async:
                 if task.timeout is None:
                     await task.function(**kwargs)
                 else:
                     await asyncio.wait_for(task.function(**kwargs), task.timeout)
             else:
-                call = self._loop.run_in_executor(self._threads, lambda: task.function(**kwargs))  # type: ignore[union-attr]
+                assert self._loop is not None
+                call = self._loop.run_in_executor(self._threads, lambda: task.function(**kwargs))
                 await (call if task.timeout is None else asyncio.wait_for(call, task.timeout))
         except asyncio.CancelledError:
             # Only async jobs are cancelled on purpose (cancel, lease lost, shutdown); anything else is the
@@ -325,24 +347,13 @@ class Worker:
             if context.stop_reason is None or not task.is_async:
                 raise
             self._uncancel()
-            await self._failed(running, asyncio.CancelledError(context.stop_reason), "")
+            return asyncio.CancelledError(context.stop_reason), ""
         except asyncio.TimeoutError:
             context.stop("timeout")
-            error = TimeoutError(f"the job ran longer than its timeout of {task.timeout:g} seconds")
-            await self._failed(running, error, "")
+            return TimeoutError(f"the job ran longer than its timeout of {task.timeout:g} seconds"), ""
         except Exception as error:
-            await self._failed(running, error, traceback.format_exc())
-        else:
-            if context.stop_reason == "cancelled":
-                await self._failed(running, asyncio.CancelledError("cancelled"), "")
-            else:
-                self._done.append(lease)
-                assert self._done_ready is not None
-                self._done_ready.set()
-        finally:
-            self._running.pop(job_id, None)
-            if self.metrics is not None:
-                self.metrics.ran(task.name, time.perf_counter() - started)
+            return error, traceback.format_exc()
+        return None, ""
 
     @staticmethod
     def _uncancel() -> None:
