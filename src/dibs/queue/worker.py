@@ -28,6 +28,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -144,7 +145,9 @@ class Worker:
         self._hurry = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
-        self._buffer: asyncio.Queue[Lease | None] | None = None
+        self._buffer: deque[Lease] = deque()  # claimed, not started
+        self._work: asyncio.Event | None = None  # set when the buffer gets jobs, or at shutdown
+        self._closing = False
         self._held: dict[tuple[Any, ...], Lease] = {}  # claimed and not yet finished
         self._running: dict[int, _Running] = {}
         self._done: list[Lease] = []
@@ -178,9 +181,15 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._done_ready = asyncio.Event()
-        self._buffer = asyncio.Queue()
-        await self._call(require_current, self.app.engine)
-        self._start_metrics()
+        self._work = asyncio.Event()
+        try:
+            await self._call(require_current, self.app.engine)
+            self._start_metrics()
+        except BaseException:
+            # Not started: leave no database thread behind.
+            self._db.shutdown(wait=True)
+            self._threads.shutdown(wait=False)
+            raise
         self._install_signals()
         listener = self._listen()
         runners = [asyncio.create_task(self._runner(), name=f"dibs-runner-{n}") for n in range(self.concurrency)]
@@ -209,13 +218,13 @@ class Worker:
     # -- fetching ----------------------------------------------------------------------------------
 
     async def _fetch(self) -> None:
-        assert self._buffer is not None
         assert self._wake is not None
+        assert self._work is not None
         idle_wait = 0.01
         while not self.stopping:
             # Jobs waiting to run or running; finished ones whose success is being written don't count, so
             # the next claim overlaps with that write.
-            room = self.concurrency + self.batch - self._buffer.qsize() - len(self._running)
+            room = self.concurrency + self.batch - len(self._buffer) - len(self._running)
             if room < min(self.batch, self.concurrency):
                 # Enough work in hand: wait until the runners take some of it.
                 await self._sleep(self.poll_seconds)
@@ -239,7 +248,9 @@ class Worker:
             self.stats.claimed += len(claimed)
             for lease in claimed:
                 self._held[lease.key] = lease
-                self._buffer.put_nowait(lease)
+            self._buffer.extend(claimed)
+            if claimed:
+                self._work.set()
             if claimed:
                 idle_wait = 0.01
                 continue
@@ -289,24 +300,29 @@ class Worker:
     # -- running -----------------------------------------------------------------------------------
 
     async def _runner(self) -> None:
-        assert self._buffer is not None
+        assert self._work is not None
+        me = asyncio.current_task()
         while True:
-            lease = await self._buffer.get()
-            if lease is None:
-                return
-            if self._buffer.qsize() < self.concurrency:
+            while not self._buffer:
+                if self._closing:
+                    return
+                self._work.clear()
+                await self._work.wait()
+            lease = self._buffer.popleft()
+            if len(self._buffer) < self.concurrency:
                 self._wake_up()
-            await self._run(lease)
+            await self._run(lease, me)
 
-    async def _run(self, lease: Lease) -> None:
+    async def _run(self, lease: Lease, runner: asyncio.Task[Any] | None) -> None:
         if self._held.get(lease.key) is not lease:
             return  # its lease was lost while it waited in the buffer
         row = lease.row._mapping
         job_id: int = row["id"]
         task = self.app.tasks[row["task"]]
-        args = json.loads(row["args"])
+        raw = row["args"]
+        args = {} if raw == "{}" else json.loads(raw)
         context = JobContext(job_id, task.name, row["attempts"], args)
-        running = _Running(lease, task, context, asyncio.current_task())
+        running = _Running(lease, task, context, runner)
         self._running[job_id] = running
         kwargs = {**args, "context": context} if task.wants_context else args
         started = time.perf_counter()
@@ -331,6 +347,7 @@ class Worker:
         self, task: Task, kwargs: dict[str, Any], context: JobContext
     ) -> tuple[BaseException | None, str]:
         """Run the task's function; returns what it raised (None if it returned) and the traceback."""
+        began = time.monotonic()
         try:
             if task.is_async:
                 if task.timeout is None:
@@ -348,7 +365,11 @@ class Worker:
                 raise
             self._uncancel()
             return asyncio.CancelledError(context.stop_reason), ""
-        except asyncio.TimeoutError:
+        except asyncio.TimeoutError as error:
+            # Since Python 3.11 wait_for's TimeoutError and one the job raised itself (a socket's, an inner
+            # wait_for's) are the same class; only wait_for's comes at the job's time limit.
+            if task.timeout is None or time.monotonic() - began < task.timeout - 0.05:
+                return error, traceback.format_exc()
             context.stop("timeout")
             return TimeoutError(f"the job ran longer than its timeout of {task.timeout:g} seconds"), ""
         except Exception as error:
@@ -482,15 +503,12 @@ class Worker:
     # -- shutdown ----------------------------------------------------------------------------------
 
     async def _shut_down(self, runners: list[asyncio.Task[Any]]) -> None:
-        assert self._buffer is not None
-        unstarted: list[Lease] = []
-        while not self._buffer.empty():
-            lease = self._buffer.get_nowait()
-            if lease is not None:
-                unstarted.append(lease)
+        assert self._work is not None
+        unstarted = list(self._buffer)
+        self._buffer.clear()
         await self._release(unstarted)
-        for _ in runners:
-            self._buffer.put_nowait(None)
+        self._closing = True
+        self._work.set()
         deadline = time.monotonic() + (0 if self._hurry else self.grace_seconds)
         while self._running and time.monotonic() < deadline and not self._hurry:
             await asyncio.sleep(0.05)
