@@ -487,7 +487,8 @@ class Leases:
         if action == "renew":
             values = {self.expires_at: backend.after(_LEASE_SECONDS)}
         elif action == "release":
-            values.update({self.expires_at: None, self.attempts: self.attempts - 1})
+            # Ready again and nobody's, as recover() leaves an expired row.
+            values.update({self.expires_at: None, self.owner: None, self.attempts: self.attempts - 1})
         else:
             values[self.expires_at] = None
             if self.finished_at is not None:

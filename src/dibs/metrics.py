@@ -27,6 +27,7 @@ class Metrics:
                 "metrics need the prometheus-client package; install it with: pip install 'dibs[metrics]'"
             ) from exc
         self.registry = registry if registry is not None else prometheus.CollectorRegistry()
+        self._server: Any = None
         registry = self.registry
         self._claimed = prometheus.Counter("dibs_jobs_claimed", "Jobs claimed by this worker", registry=registry)
         self._finished = prometheus.Counter(
@@ -55,8 +56,15 @@ class Metrics:
         import prometheus_client as prometheus
 
         metrics = cls()
-        prometheus.start_http_server(port, addr=address, registry=metrics.registry)
+        metrics._server, _thread = prometheus.start_http_server(port, addr=address, registry=metrics.registry)
         return metrics
+
+    def close(self) -> None:
+        """Stop serving (the port is free again)."""
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
 
     def claimed(self, count: int, seconds: float) -> None:
         self._claimed.inc(count)

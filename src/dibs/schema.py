@@ -11,6 +11,7 @@ partial indexes; there the status leads each index instead.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,7 @@ from sqlalchemy.dialects import mysql
 from sqlalchemy.engine import Connection, Engine
 
 from dibs._errors import SchemaMissing
+from dibs.dialects import backend_for
 from dibs.engine import connected
 
 #: A point in time with microseconds on every backend: timestamptz on PostgreSQL, DATETIME(6) holding
@@ -148,9 +150,31 @@ def current_version(bind: Engine | Connection) -> int:
         return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(schema_versions.c.version), 0))).scalar_one())
 
 
+#: How many times migrate() tries when its statements collide with another process migrating the database.
+MIGRATE_TRIES = 6
+
+
 def migrate(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[Migration]:
-    """Apply the migrations this database lacks, in order; returns those applied (none when up to date)."""
+    """Apply the migrations this database lacks, in order; returns those applied (none when up to date).
+
+    Processes may migrate one database at once (every replica running ``dibs init`` as it starts): a step
+    whose DDL or version row collides with another's is rolled back and, once that one is recorded, skipped.
+    """
     applied: list[Migration] = []
+    for attempt in range(1, MIGRATE_TRIES + 1):
+        try:
+            _apply_missing(bind, migrations, applied)
+            return applied
+        except sa.exc.DBAPIError:
+            if attempt == MIGRATE_TRIES:
+                raise
+            if isinstance(bind, Connection) and bind.in_transaction():
+                bind.rollback()
+            time.sleep(0.05 * attempt)
+    return applied
+
+
+def _apply_missing(bind: Engine | Connection, migrations: tuple[Migration, ...], applied: list[Migration]) -> None:
     with connected(bind) as conn:
         schema_versions.create(conn, checkfirst=True)
         _commit(conn)
@@ -159,10 +183,11 @@ def migrate(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRA
             if migration.version <= done:
                 continue
             migration.apply(conn)
-            conn.execute(schema_versions.insert().values(version=migration.version, applied_at=sa.func.now()))
+            # The backend's clock in UTC (MySQL's NOW() is the session's local time).
+            now = backend_for(conn.dialect).now()
+            conn.execute(schema_versions.insert().values(version=migration.version, applied_at=now))
             _commit(conn)
             applied.append(migration)
-    return applied
 
 
 def require_current(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> None:

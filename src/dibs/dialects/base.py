@@ -21,7 +21,8 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
-from sqlalchemy.sql import ColumnElement, operators
+from sqlalchemy.sql import ColumnElement, operators, visitors
+from sqlalchemy.sql.elements import BindParameter
 
 from dibs._errors import FallbackWarning
 
@@ -95,7 +96,13 @@ def resolve_times(parameters: dict[str, Any]) -> dict[str, Any]:
 def moment(backend: Backend, seconds: float, name: str = "dibs_moment") -> ColumnElement[datetime]:
     """The database clock ``seconds`` from now (negative: ago) as a SQL expression, its value bound."""
     value = resolve_times({name: backend.after_value(seconds)})[name]
-    return backend.after(name).params({name: value})
+
+    # What ClauseElement.params() did; SQLAlchemy 2.1 deprecates it on non-statement elements.
+    def bind(parameter: BindParameter[Any]) -> None:
+        if parameter.key == name:
+            parameter.value, parameter.required = value, False
+
+    return visitors.cloned_traverse(backend.after(name), {"maintain_key": True}, {"bindparam": bind})
 
 
 class ClaimStrategy(Protocol):
@@ -160,7 +167,8 @@ class Backend(Protocol):
         ...
 
     def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
-        """An INSERT that leaves out, without an error, each row whose ``unique`` value is already taken.
+        """An INSERT that leaves out, without an error, each row whose ``unique`` value is already taken
+        (``unique`` has a unique index, partial over its non-NULL values where the database allows).
 
         It never aborts the caller's transaction, so it can run inside one.
         """

@@ -210,6 +210,8 @@ class Worker:
             if listener is not None:
                 await self._call(listener.close)
             self._remove_signals()
+            if self.metrics is not None:
+                self.metrics.close()
             self._db.shutdown(wait=True)
             self._threads.shutdown(wait=False, cancel_futures=True)
         log.info("worker %s stopped: %s", self.name, self.stats)

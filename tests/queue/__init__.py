@@ -1,0 +1,1 @@
+"""The job queue, end to end, against real PostgreSQL, SQLite and MariaDB databases."""

@@ -1,0 +1,144 @@
+"""What the queue tests share: the databases they run on, test-only tables, and workers with short timings."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+import dibs
+from dibs.schema import jobs
+
+BACKENDS = ("postgresql", "sqlite", "mariadb")
+SYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite+pysqlite", "mariadb": "mysql+pymysql"}
+ASYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite+aiosqlite", "mariadb": "mysql+asyncmy"}
+
+#: Worker timings that keep every test short: short leases, frequent upkeep, quick polls.
+FAST = {"lease": 2.0, "poll": 0.05, "upkeep_every": 0.1, "grace": 5.0, "handle_signals": False}
+#: Retries that come back almost at once.
+QUICK_RETRY = dibs.Retry(base=0.05, factor=2.0, jitter=0.0)
+
+#: Tables of the tests themselves (a business table written with the jobs; a log of task runs).
+test_metadata = sa.MetaData()
+orders = sa.Table(
+    "dibs_test_orders",
+    test_metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("item", sa.String(50), nullable=False),
+)
+runs = sa.Table(
+    "dibs_test_runs",
+    test_metadata,
+    sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
+    sa.Column("job_id", sa.BigInteger, nullable=False),
+    sa.Column("event", sa.String(20), nullable=False),
+)
+
+
+def family_of(url: sa.URL | Engine) -> str:
+    name = (url.url if isinstance(url, Engine) else url).get_backend_name()
+    return "mariadb" if name in ("mysql", "mariadb") else name
+
+
+def database_now(bind: Engine | sa.Connection) -> datetime:
+    """The database's clock, in UTC (SQLite runs in-process: its clock is the application's)."""
+    if bind.dialect.name == "sqlite":
+        return datetime.now(timezone.utc)
+    query = "SELECT now()" if bind.dialect.name == "postgresql" else "SELECT UTC_TIMESTAMP(6)"
+    if isinstance(bind, Engine):
+        with bind.connect() as conn:
+            moment = conn.execute(sa.text(query)).scalar_one()
+    else:
+        moment = bind.execute(sa.text(query)).scalar_one()
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def drop_everything(url: sa.URL) -> None:
+    """Drop the dibs tables and the test tables, failing fast (not hanging) if a leftover session holds a lock."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql("SET lock_timeout = '10s'")
+            elif conn.dialect.name in ("mysql", "mariadb"):
+                conn.exec_driver_sql("SET SESSION lock_wait_timeout = 10")
+            conn.commit()
+            test_metadata.drop_all(conn)
+            dibs.schema.metadata.drop_all(conn)
+            conn.commit()
+    finally:
+        engine.dispose()
+
+
+def job_rows(engine: Engine, *where: Any) -> list[sa.Row[Any]]:
+    with engine.connect() as conn:
+        return list(conn.execute(sa.select(jobs).where(*where).order_by(jobs.c.id)))
+
+
+def job_count(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar_one())
+
+
+def run_events(engine: Engine) -> list[tuple[int, str]]:
+    """(job id, event) of every logged task run, in the order they were logged."""
+    with engine.connect() as conn:
+        return [(row.job_id, row.event) for row in conn.execute(sa.select(runs).order_by(runs.c.id))]
+
+
+def log_run(engine: Engine, job_id: int, event: str) -> None:
+    with engine.begin() as conn:
+        conn.execute(runs.insert().values(job_id=job_id, event=event))
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> Any:
+    """Poll until ``condition()`` is truthy; its value, or AssertionError after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        time.sleep(interval)
+
+
+class WorkerThread:
+    """A worker running in a thread of this process; its outcome or its exception is kept."""
+
+    def __init__(self, worker: dibs.Worker) -> None:
+        self.worker = worker
+        self.stats: dibs.WorkerStats | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"test-{worker.name}", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.stats = self.worker.run()
+        except BaseException as exc:
+            self.error = exc
+
+    def start(self) -> WorkerThread:
+        self.thread.start()
+        return self
+
+    def join(self, timeout: float = 30.0) -> dibs.WorkerStats:
+        """Wait for the worker to end on its own (burst) and return what it did; fail if it does not."""
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            self.stop()
+            raise AssertionError(f"the worker did not finish within {timeout} s")
+        if self.error is not None:
+            raise self.error
+        assert self.stats is not None
+        return self.stats
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.thread.is_alive():
+            self.worker.stop(hurry=True)
+            self.thread.join(timeout)

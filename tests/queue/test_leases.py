@@ -1,0 +1,192 @@
+"""Fenced leases under the queue: a stale worker changes nothing, a killed worker's jobs run again, and a
+terminated worker finishes what it runs and gives back the rest at once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import dibs
+from dibs.schema import jobs
+from tests.queue.conftest import QueueDatabase
+from tests.queue.support import job_rows, run_events, runs, wait_until
+from tests.queue.worker_process import build_app
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_stale_workers_completion_is_rejected_and_the_new_owners_counts(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+
+    @app.task(name="work.do")
+    def do() -> None: ...
+
+    job = app.enqueue(do)
+    store, engine = app.store, app.engine
+    claim = {"limit": 1, "queues": ["default"], "tasks": ["work.do"], "tags": []}
+
+    (stale,) = store.claim(engine, owner="worker-a", lease_seconds=0.3, **claim)
+    assert store.claim(engine, owner="worker-b", lease_seconds=30, **claim) == []  # held: nothing to claim
+    assert store.recover_expired(engine) == (0, 0)  # not expired yet
+    time.sleep(0.5)
+    assert store.recover_expired(engine) == (1, 0)
+    recovered = app.get(job.id)
+    assert (recovered.status, recovered.lease_owner, recovered.attempts) == ("queued", None, 1)
+    (current,) = store.claim(engine, owner="worker-b", lease_seconds=30, **claim)
+    assert current.key == stale.key
+    assert current.token == stale.token + 1
+
+    # Worker A wakes up and reports: every write it tries is refused, and the row stays B's.
+    assert store.succeed(engine, [stale]) == [stale]
+    assert store.retry(engine, stale, dibs.Retry().delay(1), "stale") is False
+    assert store.bury(engine, stale, "stale") is False
+    assert store.release(engine, [stale]) == [stale]
+    assert store.renew(engine, [stale], 30) == [stale]
+    row = job_rows(engine)[0]
+    assert (row.status, row.lease_owner, row.lease_token, row.attempts) == ("running", "worker-b", current.token, 2)
+    assert row.finished_at is None
+
+    assert store.succeed(engine, [current]) == []
+    done = app.get(job.id)
+    assert (done.status, done.lease_owner, done.attempts) == ("succeeded", "worker-b", 2)
+    assert done.finished_at is not None
+
+
+def test_an_expired_lease_on_the_last_attempt_is_dead(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+
+    @app.task(name="work.do", max_attempts=1)
+    def do() -> None: ...
+
+    job = app.enqueue(do)
+    (lease,) = app.store.claim(
+        app.engine, owner="worker-a", lease_seconds=0.2, limit=1, queues=["default"], tasks=["work.do"], tags=[]
+    )
+    time.sleep(0.4)
+    assert app.store.recover_expired(app.engine) == (0, 1)
+    dead = app.get(job.id)
+    assert (dead.status, dead.attempts) == ("dead", 1)
+    assert dead.last_error is not None
+    assert "stopped renewing its lease" in dead.last_error
+    assert app.store.succeed(app.engine, [lease]) == [lease]
+
+
+# -- worker processes ----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def spawn(qdb: QueueDatabase, tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Start worker processes (tests.queue.worker_process) on the test's database; all killed at the end."""
+    started: list[subprocess.Popen[bytes]] = []
+    runs.create(qdb.engine)
+    yield started
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+        process.wait(10)
+
+
+def start_worker(qdb: QueueDatabase, spawned: list[subprocess.Popen[bytes]], log: Path, *options: str) -> None:
+    command = [sys.executable, "-m", "tests.queue.worker_process", qdb.url.render_as_string(False), *options]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    with log.open("wb") as output:
+        spawned.append(subprocess.Popen(command, cwd=ROOT, env=environment, stdout=output, stderr=subprocess.STDOUT))
+
+
+def test_a_killed_workers_jobs_run_again_and_none_is_lost(
+    qdb: QueueDatabase, spawn: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    app = build_app(qdb.url.render_as_string(False))
+    try:
+        enqueued = app.enqueue_many("tests.nap", [{"seconds": 0.15}] * 40)
+        log = tmp_path / "worker.log"
+        start_worker(qdb, spawn, log, "--concurrency", "4", "--batch", "8", "--lease", "1.5")
+        (process,) = spawn
+
+        def in_flight() -> bool:
+            """Some jobs recorded succeeded, and some started and not finished."""
+            events = run_events(qdb.engine)
+            finished = {job for job, event in events if event == "finished"}
+            started = {job for job, event in events if event == "started"}
+            succeeded = job_rows(qdb.engine, jobs.c.status == "succeeded")
+            return len(succeeded) >= 4 and bool(started - finished)
+
+        wait_until(lambda: in_flight() or process.poll() is not None, timeout=30, what="jobs to be in flight")
+        assert process.poll() is None, log.read_text()
+        process.send_signal(signal.SIGKILL)
+        assert process.wait(10) == -signal.SIGKILL
+
+        events = run_events(qdb.engine)
+        cut_short = {job for job, event in events if event == "started"} - {
+            job for job, event in events if event == "finished"
+        }
+        held = {row.id for row in job_rows(qdb.engine, jobs.c.status == "running")}
+        done_before = {row.id for row in job_rows(qdb.engine, jobs.c.status == "succeeded")}
+        assert cut_short, "no job was running when the worker was killed"
+        assert cut_short <= held
+        assert done_before
+
+        stats = qdb.drain(app, concurrency=8, lease=1.5)  # recovers the killed worker's leases when they expire
+
+        rows = {row.id: row for row in job_rows(qdb.engine)}
+        assert sorted(rows) == [job.id for job in enqueued]
+        assert {row.status for row in rows.values()} == {"succeeded"}, "a job was lost"
+        starts = Counter(job for job, event in run_events(qdb.engine) if event == "started")
+        finishes = Counter(job for job, event in run_events(qdb.engine) if event == "finished")
+        for job_id, row in rows.items():
+            assert finishes[job_id] >= 1
+            if job_id in held:  # claimed by the killed worker: it ran again here
+                assert row.attempts >= 2, f"job {job_id} held by the killed worker was not run again"
+            else:
+                assert (row.attempts, starts[job_id]) == (1, 1), f"job {job_id} ran more than once"
+        for job_id in cut_short:
+            assert starts[job_id] >= 2
+        assert stats.succeeded == len(enqueued) - len(done_before)
+    finally:
+        app.engine.dispose()
+
+
+def test_sigterm_finishes_running_jobs_and_releases_the_rest_at_once(
+    qdb: QueueDatabase, spawn: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    app = build_app(qdb.url.render_as_string(False))
+    try:
+        enqueued = app.enqueue_many("tests.nap", [{"seconds": 0.5}] * 12)
+        log = tmp_path / "worker.log"
+        grace = 5.0
+        # A long lease: anything queued again below was given back by the worker, not recovered after expiry.
+        start_worker(qdb, spawn, log, "--concurrency", "2", "--batch", "10", "--lease", "60", "--grace", str(grace))
+        (process,) = spawn
+        wait_until(
+            lambda: len(run_events(qdb.engine)) >= 2 or process.poll() is not None, timeout=30, what="two jobs to start"
+        )
+        assert process.poll() is None, log.read_text()
+        claimed = {row.id for row in job_rows(qdb.engine, jobs.c.status == "running")}
+        assert len(claimed) >= 4  # two running and more waiting in the worker's buffer
+        process.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        assert process.wait(grace + 5) == 0, log.read_text()
+        assert time.monotonic() - sent < grace, log.read_text()
+
+        events = run_events(qdb.engine)
+        started = {job for job, event in events if event == "started"}
+        finished = {job for job, event in events if event == "finished"}
+        assert started == finished, "a running job was cut short"
+        rows = job_rows(qdb.engine)
+        assert [row.id for row in rows] == [job.id for job in enqueued]
+        for row in rows:
+            if row.id in started:
+                assert (row.status, row.attempts) == ("succeeded", 1)
+            else:
+                assert (row.status, row.lease_owner, row.lease_expires_at, row.attempts) == ("queued", None, None, 0)
+        assert len(started) < len(claimed), "every claimed job ran: nothing was left to release"
+    finally:
+        app.engine.dispose()

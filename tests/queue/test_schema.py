@@ -1,0 +1,293 @@
+"""Migrations, retention, queue status and the worker's Prometheus metrics."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import timedelta, timezone
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+import dibs
+from dibs.schema import MIGRATIONS, Migration, current_version, require_current
+from tests.queue.conftest import QueueDatabase
+from tests.queue.support import database_now, job_rows, wait_until
+
+# -- migrations ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def empty_db(empty_url: sa.URL) -> Iterator[QueueDatabase]:
+    database = QueueDatabase(empty_url)
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+def test_migrate_creates_the_tables_once(empty_db: QueueDatabase) -> None:
+    engine = empty_db.engine
+    assert current_version(engine) == 0
+    assert [step.version for step in dibs.migrate(engine)] == [1]
+    assert current_version(engine) == 1
+    assert dibs.migrate(engine) == []
+    assert empty_db.app().init() == []
+    assert {"dibs_jobs", "dibs_schema"} <= set(sa.inspect(engine).get_table_names())
+    require_current(engine)
+    with engine.connect() as conn:
+        applied = conn.execute(sa.select(dibs.schema.schema_versions)).all()
+    assert [row.version for row in applied] == [1]
+
+
+def migrate_at_once(db: QueueDatabase, count: int) -> tuple[list[int], list[BaseException]]:
+    """``count`` threads run dibs.migrate at the same moment, each with an engine of its own; the versions
+    they applied and the errors they raised."""
+    start = threading.Barrier(count)
+    applied: list[int] = []
+    errors: list[BaseException] = []
+
+    def init() -> None:
+        engine = db.new_engine()
+        try:
+            start.wait()
+            applied.extend(step.version for step in dibs.migrate(engine))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=init) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return applied, errors
+
+
+def test_processes_migrating_at_once_all_succeed_and_apply_each_step_once(empty_db: QueueDatabase) -> None:
+    for _ in range(3):
+        dibs.schema.metadata.drop_all(empty_db.engine)
+        applied, errors = migrate_at_once(empty_db, 3)
+        assert errors == []
+        assert applied == [1]
+        with empty_db.engine.connect() as conn:
+            assert conn.execute(sa.select(dibs.schema.schema_versions.c.version)).scalars().all() == [1]
+    require_current(empty_db.engine)
+
+
+def test_a_worker_on_a_database_without_the_tables_says_to_run_dibs_init(empty_db: QueueDatabase) -> None:
+    app = empty_db.app()
+
+    @app.task(name="work.do")
+    def do() -> None: ...
+
+    before = {thread for thread in threading.enumerate() if thread.name.startswith("dibs-")}
+    with pytest.raises(dibs.SchemaMissing, match=r"the database has no dibs tables; run `dibs init --db URL`"):
+        empty_db.worker(app, burst=True).run()
+    leftover = {thread for thread in threading.enumerate() if thread.name.startswith("dibs-")} - before
+    assert not leftover, f"the failed worker left threads running: {leftover}"
+    assert app.init() == [1]
+    empty_db.drain(app)
+
+
+def _add_note(conn: Connection) -> None:
+    conn.execute(sa.text("ALTER TABLE dibs_jobs ADD COLUMN note VARCHAR(50)"))
+
+
+def test_a_newer_migration_upgrades_a_version_1_database(empty_db: QueueDatabase) -> None:
+    engine = empty_db.engine
+    step_2 = Migration(version=2, description="a note on each job", apply=_add_note)
+    newer = (*MIGRATIONS, step_2)
+    assert [step.version for step in dibs.migrate(engine)] == [1]
+    app = empty_db.app()
+
+    @app.task(name="work.do")
+    def do(n: int) -> None: ...
+
+    kept = app.enqueue(do, {"n": 1})
+    with pytest.raises(dibs.SchemaMissing, match="has dibs schema version 1, this dibs needs 2; run `dibs init"):
+        require_current(engine, newer)
+
+    assert dibs.migrate(engine, newer) == [step_2]
+    assert current_version(engine) == 2
+    assert "note" in {column["name"] for column in sa.inspect(engine).get_columns("dibs_jobs")}
+    assert dibs.migrate(engine, newer) == []
+    require_current(engine, newer)
+    require_current(engine)  # code that needs version 1 runs on a version-2 database
+    # The jobs enqueued before the upgrade are still there, and the queue works on the upgraded table.
+    assert app.get(kept.id).status == "queued"
+    empty_db.drain(app)
+    assert app.get(kept.id).status == "succeeded"
+
+
+def test_a_failed_migration_is_not_recorded_and_runs_again(empty_db: QueueDatabase) -> None:
+    engine = empty_db.engine
+    dibs.migrate(engine)
+
+    def broken(conn: Connection) -> None:
+        raise RuntimeError("migration 2 failed")
+
+    with pytest.raises(RuntimeError, match="migration 2 failed"):
+        dibs.migrate(engine, (*MIGRATIONS, Migration(version=2, description="broken", apply=broken)))
+    assert current_version(engine) == 1
+    step_2 = Migration(version=2, description="a note on each job", apply=_add_note)
+    assert dibs.migrate(engine, (*MIGRATIONS, step_2)) == [step_2]
+    assert current_version(engine) == 2
+
+
+# -- retention and status ------------------------------------------------------------------------------
+
+
+def finished_and_live_jobs(qdb: QueueDatabase) -> tuple[dibs.App, dict[str, int]]:
+    """An app with one job in each state but running: finished ones on "default", waiting ones on "later"."""
+    app = qdb.app(queues=["later"])
+
+    @app.task(name="work.ok")
+    def ok() -> None: ...
+
+    @app.task(name="work.fail", max_attempts=1)
+    def fail() -> None:
+        raise RuntimeError("broken")
+
+    ids = {
+        "succeeded": app.enqueue(ok).id,
+        "dead": app.enqueue(fail).id,
+        "cancelled": app.cancel(app.enqueue(ok).id).id,
+        "scheduled": app.enqueue(ok, queue="later", delay=3600).id,
+        "queued": app.enqueue(ok, queue="later").id,
+    }
+    qdb.drain(app, queues=["default"])
+    assert {row.id: row.status for row in job_rows(qdb.engine)} == {job_id: state for state, job_id in ids.items()}
+    return app, ids
+
+
+def test_purge_deletes_finished_jobs_and_keeps_live_ones(qdb: QueueDatabase) -> None:
+    app, ids = finished_and_live_jobs(qdb)
+    assert app.purge(older_than=timedelta(hours=1)) == 0
+    assert app.purge(older_than=timedelta(0), statuses=["dead"]) == 1
+    with pytest.raises(dibs.JobNotFound):
+        app.get(ids["dead"])
+    time.sleep(0.01)
+    assert app.purge(older_than=timedelta(0)) == 2
+    assert {row.id: row.status for row in job_rows(qdb.engine)} == {
+        ids["scheduled"]: "scheduled",
+        ids["queued"]: "queued",
+    }
+    with pytest.raises(dibs.InvalidArgument, match="only finished jobs can be purged"):
+        app.purge(statuses=["queued"])
+
+
+def test_a_worker_with_retention_purges_finished_jobs(qdb: QueueDatabase) -> None:
+    app, ids = finished_and_live_jobs(qdb)
+    running = qdb.start(app, queues=["default"], retention=timedelta(0))
+    wait_until(lambda: len(job_rows(qdb.engine)) == 2, timeout=10, what="the finished jobs to be purged")
+    running.stop()
+    assert {row.id for row in job_rows(qdb.engine)} == {ids["scheduled"], ids["queued"]}
+
+
+def test_status_counts_jobs_per_queue_and_state(qdb: QueueDatabase) -> None:
+    app, _ = finished_and_live_jobs(qdb)
+    by_queue = {status.queue: status for status in app.status()}
+    assert set(by_queue) == {"default", "later"}
+    default, later = by_queue["default"], by_queue["later"]
+    assert default.counts == {
+        "scheduled": 0,
+        "queued": 0,
+        "running": 0,
+        "succeeded": 1,
+        "dead": 1,
+        "cancelled": 1,
+    }
+    assert default.oldest_ready_seconds is None
+    assert default.finished_per_second == pytest.approx(3 / 60)
+    assert (later.counts["queued"], later.counts["scheduled"], later.finished_per_second) == (1, 1, 0.0)
+    assert later.oldest_ready_seconds is not None
+    assert 0 <= later.oldest_ready_seconds < 30
+    assert [job.status for job in app.jobs(status=["dead", "cancelled"])] == ["cancelled", "dead"]
+    assert [job.status for job in app.jobs(queue="later")] == ["queued", "scheduled"]
+    assert len(app.jobs(task="work.fail")) == 1
+    with pytest.raises(dibs.InvalidArgument, match="unknown job state"):
+        app.jobs(status="finished")
+
+
+# -- metrics -------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def scrape(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def test_a_worker_serves_prometheus_metrics(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+
+    @app.task(name="work.ok")
+    def ok() -> None: ...
+
+    @app.task(name="work.fail", max_attempts=1)
+    def fail() -> None:
+        raise RuntimeError("broken")
+
+    app.enqueue_many(ok, [{}, {}, {}])
+    app.enqueue(fail)
+    port = free_port()
+    running = qdb.start(app, metrics_port=port)
+    try:
+        wanted = {
+            "dibs_jobs_claimed_total": 4.0,
+            'dibs_jobs_finished_total{outcome="succeeded"}': 3.0,
+            'dibs_jobs_finished_total{outcome="dead"}': 1.0,
+            'dibs_queue_jobs{queue="default",state="succeeded"}': 3.0,
+            'dibs_queue_jobs{queue="default",state="dead"}': 1.0,
+        }
+
+        def counted() -> bool:
+            try:
+                samples = scrape(port)
+            except urllib.error.URLError:  # not serving yet
+                return False
+            return all(samples.get(name) == value for name, value in wanted.items())
+
+        wait_until(counted, timeout=10, interval=0.1, what=f"the metrics to show {wanted}")
+        samples = scrape(port)
+        assert samples['dibs_job_run_seconds_count{task="work.ok"}'] == 3.0
+        assert samples["dibs_claim_seconds_count"] >= 1
+    finally:
+        running.stop()
+    # A stopped worker stops serving, and the port is free for the next one.
+    with pytest.raises(urllib.error.URLError):
+        scrape(port)
+    with socket.create_server(("127.0.0.1", port)):
+        pass
+
+
+def test_migrations_record_when_they_ran_in_utc_whatever_the_session_time_zone(empty_db: QueueDatabase) -> None:
+    engine = empty_db.engine
+    with engine.connect() as conn:
+        if empty_db.family == "postgresql":
+            conn.execute(sa.text("SET TIME ZONE '+05:00'"))
+        elif empty_db.family == "mariadb":
+            conn.execute(sa.text("SET time_zone = '+05:00'"))
+        conn.commit()
+        dibs.migrate(conn)
+        (applied_at,) = conn.execute(sa.select(dibs.schema.schema_versions.c.applied_at)).scalars()
+    if applied_at.tzinfo is None:
+        applied_at = applied_at.replace(tzinfo=timezone.utc)
+    assert abs(applied_at - database_now(engine)) < timedelta(minutes=1)
