@@ -105,6 +105,9 @@ class PostgreSQL(BackendDefaults):
     name = "postgresql"
     atomic_statements = True
 
+    def __init__(self) -> None:
+        self._notify_statements: dict[str, sa.Select[Any]] = {}
+
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
         version = server_version(dialect)
         if version and version < SKIP_LOCKED_SINCE:
@@ -163,7 +166,11 @@ class PostgreSQL(BackendDefaults):
         return postgresql.insert(table).on_conflict_do_nothing(index_elements=[unique], index_where=unique.is_not(None))
 
     def notify(self, channel: str) -> sa.Executable | None:
-        return sa.select(sa.func.pg_notify(channel, sa.bindparam("dibs_payload", type_=sa.String)))
+        statement = self._notify_statements.get(channel)
+        if statement is None:
+            payload = sa.bindparam("dibs_payload", type_=sa.String)
+            statement = self._notify_statements[channel] = sa.select(sa.func.pg_notify(channel, payload))
+        return statement
 
     def listen(self, engine: Engine, channel: str, woken: Callable[[str], None]) -> Listener | None:
         if engine.dialect.driver != "psycopg":

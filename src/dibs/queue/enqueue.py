@@ -147,15 +147,29 @@ def insert_jobs(conn: Connection, new: Sequence[NewJob], notify_channel: str | N
     return [job for job in stored if job is not None]
 
 
-def _statement(backend: Backend, job: NewJob, base: sa.Insert | None = None) -> sa.Insert:
-    run_at = backend.after(_DELAY) if job.run_at is None else sa.bindparam(_RUN_AT, type_=jobs.c.run_at.type)
-    return (sa.insert(jobs) if base is None else base).values(
-        {
-            **{name: sa.bindparam(name, type_=jobs.c[name].type) for name in job.values},
-            "run_at": run_at,
-            "enqueued_at": backend.now(),
-        }
-    )
+#: Insert statements by (backend, timed by run_at, skipping dedupe conflicts, returning): building one costs
+#: more than running it.
+_statements: dict[tuple[str, bool, bool, str], sa.Insert] = {}
+
+
+def _statement(backend: Backend, job: NewJob, *, deduplicated: bool = False, returning: str = "rows") -> sa.Insert:
+    """The INSERT for jobs like ``job``; ``returning``: "rows", "sorted rows" (for executemany) or "none"."""
+    key = (backend.name, job.run_at is not None, deduplicated, returning)
+    statement = _statements.get(key)
+    if statement is None:
+        run_at = backend.after(_DELAY) if job.run_at is None else sa.bindparam(_RUN_AT, type_=jobs.c.run_at.type)
+        base = backend.insert_new(jobs, jobs.c.dedupe_key) if deduplicated else sa.insert(jobs)
+        statement = base.values(
+            {
+                **{name: sa.bindparam(name, type_=jobs.c[name].type) for name in job.values},
+                "run_at": run_at,
+                "enqueued_at": backend.now(),
+            }
+        )
+        if returning != "none":
+            statement = statement.returning(*jobs.columns, sort_by_parameter_order=returning == "sorted rows")
+        _statements[key] = statement
+    return statement
 
 
 def _parameters(backend: Backend, job: NewJob, dialect: sa.Dialect) -> dict[str, Any]:
@@ -169,12 +183,14 @@ def _parameters(backend: Backend, job: NewJob, dialect: sa.Dialect) -> dict[str,
 
 
 def _insert_many(conn: Connection, backend: Backend, new: Sequence[NewJob]) -> list[Job]:
-    statement = _statement(backend, new[0])
     parameters = [_parameters(backend, job, conn.dialect) for job in new]
-    if conn.dialect.insert_returning and conn.dialect.insert_executemany_returning_sort_by_parameter_order:
-        returning = statement.returning(*jobs.columns, sort_by_parameter_order=True)
-        result = conn.execute(returning, parameters)
+    dialect = conn.dialect
+    if len(new) == 1 and dialect.insert_returning:
+        return [Job.from_row(conn.execute(_statement(backend, new[0]), parameters[0]).one())]
+    if dialect.insert_returning and dialect.insert_executemany_returning_sort_by_parameter_order:
+        result = conn.execute(_statement(backend, new[0], returning="sorted rows"), parameters)
         return [Job.from_row(row) for row in result]
+    statement = _statement(backend, new[0], returning="none")
     ids = [_inserted_id(conn.execute(statement, values)) for values in parameters]
     rows = {row.id: row for row in conn.execute(sa.select(jobs).where(jobs.c.id.in_(ids)))}
     return [Job.from_row(rows[job_id]) for job_id in ids]
@@ -187,12 +203,13 @@ def _inserted_id(result: sa.CursorResult[Any]) -> int:
 
 
 def _insert_deduplicated(conn: Connection, backend: Backend, job: NewJob) -> Job:
-    statement = _statement(backend, job, backend.insert_new(jobs, jobs.c.dedupe_key))
+    returning = "rows" if conn.dialect.insert_returning else "none"
+    statement = _statement(backend, job, deduplicated=True, returning=returning)
     live = sa.select(jobs).where(jobs.c.dedupe_key == job.values["dedupe_key"], jobs.c.status.in_(LIVE))
     for _ in range(_DEDUPE_TRIES):
         parameters = _parameters(backend, job, conn.dialect)
         if conn.dialect.insert_returning:
-            row = conn.execute(statement.returning(*jobs.columns), parameters).first()
+            row = conn.execute(statement, parameters).first()
             if row is not None:
                 return Job.from_row(row)
         else:
