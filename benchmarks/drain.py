@@ -1,0 +1,986 @@
+"""Drain throughput of the job queue: dibs beside pgqueuer and beside the raw-SQL floor; and pickup latency.
+
+A trial enqueues N no-op jobs up front, then 1 or 2 worker processes drain them; they start together on
+a barrier, and throughput is N / the time from the barrier to the last process finishing. After every
+trial the database is checked: every job must be finished exactly once, or the run stops.
+
+* ``dibs``: ``app.worker(burst=True, concurrency=C, batch=B)``, an async no-op task, on PostgreSQL
+  (psycopg), SQLite (a file in a temp dir) and MariaDB (PyMySQL), at several (C, B) settings.
+* ``pgqueuer`` (PostgreSQL only, its own database): ``PgQueuer.run(mode=drain)`` on asyncpg and uvloop,
+  the setup its docs recommend for throughput, at several batch sizes.
+* ``raw``: the floor. A loop on the bare driver of one claim statement of a batch (the shape dibs
+  uses) and one batched, token-fenced completion of the rows it got, on the same freshly filled
+  ``dibs_jobs`` table, at each batch size the dibs settings use.
+
+Trials alternate between kinds within each round so that drift on a noisy machine hits all of them;
+medians are reported. Then, on PostgreSQL, enqueue-to-start latency: a producer process enqueues one job
+at a time at a fixed rate to a running (not burst) worker that wakes on LISTEN/NOTIFY.
+
+    python -m benchmarks.drain                                  # everything, about ten minutes
+    python -m benchmarks.drain --backends sqlite --processes 1 --repeats 5
+    python -m benchmarks.drain --backends postgresql --configs 100x500 --latency-seconds 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import multiprocessing
+import os
+import platform
+import sqlite3
+import statistics
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+
+import dibs
+
+# The servers (the same variables as benchmarks.claim); the run works in databases of its own on them,
+# created at the start and dropped at the end, so that it never touches anyone's dibs tables.
+POSTGRES_URL = os.environ.get("DIBS_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
+MARIADB_URL = os.environ.get("DIBS_BENCH_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
+DATABASE = "dibs_bench_drain"
+PGQUEUER_DATABASE = "dibs_bench_pgqueuer"
+#: The N jobs, enqueued once through dibs and copied into dibs_jobs before every trial.
+TEMPLATE = "dibs_bench_drain_template"
+ENQUEUE_CHUNK = 5_000
+#: N: MariaDB drains a quarter as fast, so it gets half the jobs to keep the run near ten minutes.
+DEFAULT_JOBS = {"postgresql": 50_000, "sqlite": 50_000, "mariadb": 25_000}
+#: A trial drains min(N, JOBS_PER_BATCH x batch) jobs, so that small batches do not take minutes.
+JOBS_PER_BATCH = 250
+BACKENDS = ("postgresql", "sqlite", "mariadb")
+#: One enqueue() call takes about 2 ms on PostgreSQL here, so one thread cannot offer 1,000 jobs a second.
+PRODUCER_THREADS = 4
+RESULTS = Path(__file__).parent / "results"
+ROOT = Path(__file__).parent.parent
+
+
+def drain_app(url: str) -> dibs.App:
+    """The app every dibs process uses: one async no-op task."""
+    app = dibs.App(url)
+
+    @app.task(name="noop")
+    async def noop() -> None:
+        return None
+
+    return app
+
+
+def trial_jobs(batch: int, jobs: int) -> int:
+    return min(jobs, JOBS_PER_BATCH * batch)
+
+
+# -- the jobs table, filled once and copied before every trial --------------------------------------
+
+
+def prepare(backend: str, url: str, jobs: int) -> float:
+    """A fresh dibs schema and a template of ``jobs`` jobs enqueued through dibs; returns enqueue jobs/s."""
+    app = drain_app(url)
+    engine = app.engine
+    dibs.schema.metadata.drop_all(engine)
+    app.init()
+    began = time.perf_counter()
+    for first in range(0, jobs, ENQUEUE_CHUNK):
+        app.enqueue_many("noop", [{}] * min(ENQUEUE_CHUNK, jobs - first))
+    enqueued = jobs / (time.perf_counter() - began)
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {TEMPLATE}")
+        conn.exec_driver_sql(f"CREATE TABLE {TEMPLATE} AS SELECT * FROM dibs_jobs")
+    engine.dispose()
+    return enqueued
+
+
+def refill(backend: str, url: str, jobs: int) -> None:
+    """dibs_jobs holds exactly the first ``jobs`` template jobs, all queued, statistics fresh."""
+    engine = sa.create_engine(url)
+    with engine.begin() as conn:
+        conn.exec_driver_sql("DELETE FROM dibs_jobs" if backend == "sqlite" else "TRUNCATE TABLE dibs_jobs")
+    with engine.begin() as conn:
+        conn.exec_driver_sql(f"INSERT INTO dibs_jobs SELECT * FROM {TEMPLATE} ORDER BY id LIMIT {jobs}")
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        if backend == "postgresql":
+            conn.exec_driver_sql("VACUUM ANALYZE dibs_jobs")
+        elif backend == "sqlite":
+            conn.exec_driver_sql("PRAGMA wal_checkpoint(TRUNCATE)")
+        else:
+            conn.exec_driver_sql("ANALYZE TABLE dibs_jobs").all()
+    engine.dispose()
+
+
+SPAN = {
+    "postgresql": "extract(epoch FROM max(finished_at) - min(started_at))",
+    "sqlite": "(julianday(max(finished_at)) - julianday(min(started_at))) * 86400",
+    "mariadb": "TIMESTAMPDIFF(MICROSECOND, min(started_at), max(finished_at)) / 1e6",
+}
+
+
+def verify(backend: str, url: str, jobs: int, kind: str) -> float:
+    """Every job succeeded, each claimed exactly once (raise otherwise); returns the seconds from the first
+    claim to the last completion on the database clock."""
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT status, count(*), min(attempts), max(attempts) FROM dibs_jobs GROUP BY status"
+        ).all()
+        span = conn.exec_driver_sql(f"SELECT {SPAN[backend]} FROM dibs_jobs").scalar_one()
+    engine.dispose()
+    found = {status: (count, low, high) for status, count, low, high in rows}
+    if set(found) != {"succeeded"} or found["succeeded"] != (jobs, 1, 1):
+        raise RuntimeError(
+            f"{kind} on {backend}: expected {jobs} jobs succeeded after one attempt each, found "
+            f"{ {status: f'{count} (attempts {low}..{high})' for status, (count, low, high) in found.items()} }"
+        )
+    return float(span)
+
+
+# -- dibs ------------------------------------------------------------------------------------------
+
+
+def dibs_drain(url: str, setting: dict[str, Any], owner: str, start: Any) -> tuple[int, float, dict[str, Any]]:
+    app = drain_app(url)
+    with app.engine.connect():
+        pass  # the pool's first connection is made before the clock starts, as for every kind
+    worker = app.worker(
+        burst=True,
+        concurrency=setting["concurrency"],
+        batch=setting["batch"],
+        poll=setting["poll"],
+        handle_signals=False,
+        name=owner,
+    )
+    start.wait()
+    stats = worker.run()
+    end = time.monotonic()
+    app.engine.dispose()
+    return stats.succeeded, end, asdict(stats)
+
+
+# -- the raw floor: one claim statement and one batched completion, in a loop, on the bare driver ---
+
+PG_CLAIM = """
+WITH picked AS MATERIALIZED (
+    SELECT id FROM dibs_jobs
+    WHERE status = 'queued' AND queue = 'default'
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
+UPDATE dibs_jobs AS j SET status = 'running', lease_owner = %(owner)s,
+    lease_expires_at = statement_timestamp() + interval '30 seconds', lease_token = j.lease_token + 1,
+    attempts = j.attempts + 1, started_at = statement_timestamp()
+WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+RETURNING j.*
+"""
+PG_COMPLETE = """
+UPDATE dibs_jobs SET status = 'succeeded', lease_expires_at = NULL, dedupe_key = NULL,
+    finished_at = statement_timestamp()
+WHERE id = ANY(%(ids)s::bigint[])
+    AND lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], id)]
+    AND status = 'running'
+RETURNING id
+"""
+
+
+def raw_postgresql(url: str, batch: int, owner: str, start: Any) -> int:
+    import psycopg
+
+    address = sa.make_url(url)
+    # Autocommit: each statement is atomic on its own, no BEGIN/COMMIT round trips.
+    with psycopg.connect(
+        host=address.host,
+        port=address.port,
+        user=address.username,
+        password=address.password,
+        dbname=address.database,
+        autocommit=True,
+    ) as conn:
+        start.wait()
+        done = 0
+        while True:
+            cursor = conn.execute(PG_CLAIM, {"batch": batch, "owner": owner})
+            rows = cursor.fetchall()
+            if not rows:
+                return done
+            token = [column.name for column in cursor.description or ()].index("lease_token")
+            ids = [row[0] for row in rows]
+            finished = conn.execute(PG_COMPLETE, {"ids": ids, "tokens": [row[token] for row in rows]}).fetchall()
+            done += len(finished)
+
+
+SQLITE_CLAIM = """
+UPDATE dibs_jobs SET status = 'running', lease_owner = ?, lease_expires_at = ?,
+    lease_token = lease_token + 1, attempts = attempts + 1, started_at = ?
+WHERE id IN (
+    SELECT id FROM dibs_jobs WHERE status = 'queued' AND queue = 'default'
+    ORDER BY priority DESC, run_at, id LIMIT ?)
+RETURNING *
+"""
+
+
+def _sqlite_now(offset: float = 0.0) -> str:
+    """UTC as dibs stores it in SQLite."""
+    return str(datetime.now(timezone.utc).replace(tzinfo=None) + timedelta(seconds=offset))
+
+
+def raw_sqlite(url: str, batch: int, owner: str, start: Any) -> int:
+    conn = sqlite3.connect(sa.make_url(url).database or "", isolation_level=None, timeout=10)
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    start.wait()
+    done = 0
+    token: int | None = None
+    while True:
+        now = _sqlite_now()
+        conn.execute("BEGIN IMMEDIATE")
+        cursor = conn.execute(SQLITE_CLAIM, (owner, _sqlite_now(30.0), now, batch))
+        rows = cursor.fetchall()
+        conn.execute("COMMIT")
+        if not rows:
+            conn.close()
+            return done
+        if token is None:
+            token = [column[0] for column in cursor.description].index("lease_token")
+        marks = ", ".join("?" for _ in rows)
+        pairs = ", ".join("(?, ?)" for _ in rows)
+        conn.execute("BEGIN IMMEDIATE")
+        finished = conn.execute(
+            "UPDATE dibs_jobs SET status = 'succeeded', lease_expires_at = NULL, dedupe_key = NULL, finished_at = ? "
+            f"WHERE id IN ({marks}) AND (id, lease_token) IN (VALUES {pairs}) AND status = 'running' RETURNING id",
+            [_sqlite_now()] + [row[0] for row in rows] + [value for row in rows for value in (row[0], row[token])],
+        ).fetchall()
+        conn.execute("COMMIT")
+        done += len(finished)
+
+
+def raw_mariadb(url: str, batch: int, owner: str, start: Any) -> int:
+    import pymysql
+
+    address = sa.make_url(url)
+    conn = pymysql.connect(
+        host=address.host,
+        port=address.port or 3306,
+        user=address.username,
+        password=address.password or "",
+        database=address.database,
+    )
+    cursor = conn.cursor()
+    cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    start.wait()
+    done = 0
+    token: int | None = None
+    while True:
+        cursor.execute(
+            "SELECT id FROM dibs_jobs WHERE status = 'queued' AND queue = 'default' "
+            "ORDER BY priority DESC, run_at, id LIMIT %s FOR UPDATE SKIP LOCKED",
+            (batch,),
+        )
+        ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            conn.commit()
+            conn.close()
+            return done
+        marks = ", ".join(["%s"] * len(ids))
+        cursor.execute(
+            "UPDATE dibs_jobs SET status = 'running', lease_owner = %s, "
+            "lease_expires_at = TIMESTAMPADD(MICROSECOND, 30000000, UTC_TIMESTAMP(6)), "
+            "lease_token = lease_token + 1, attempts = attempts + 1, started_at = UTC_TIMESTAMP(6) "
+            f"WHERE id IN ({marks})",
+            (owner, *ids),
+        )
+        cursor.execute(f"SELECT * FROM dibs_jobs WHERE id IN ({marks})", ids)
+        rows = cursor.fetchall()
+        conn.commit()
+        if token is None:
+            token = [column[0] for column in cursor.description].index("lease_token")
+        pairs = ", ".join(["(%s, %s)"] * len(rows))
+        finished = cursor.execute(
+            "UPDATE dibs_jobs SET status = 'succeeded', lease_expires_at = NULL, dedupe_key = NULL, "
+            f"finished_at = UTC_TIMESTAMP(6) WHERE id IN ({marks}) AND (id, lease_token) IN ({pairs}) "
+            "AND status = 'running'",
+            [row[0] for row in rows] + [value for row in rows for value in (row[0], row[token])],
+        )
+        conn.commit()
+        done += finished
+
+
+RAW = {"postgresql": raw_postgresql, "sqlite": raw_sqlite, "mariadb": raw_mariadb}
+
+
+def raw_drain(
+    backend: str, url: str, setting: dict[str, Any], owner: str, start: Any
+) -> tuple[int, float, dict[str, Any]]:
+    done = RAW[backend](url, setting["batch"], owner, start)
+    return done, time.monotonic(), {}
+
+
+# -- pgqueuer --------------------------------------------------------------------------------------
+
+
+def pgqueuer_dsn() -> str:
+    address = sa.make_url(POSTGRES_URL).set(drivername="postgresql", database=PGQUEUER_DATABASE)
+    return address.render_as_string(hide_password=False)
+
+
+async def _pgqueuer_driver(kind: str) -> Any:
+    import asyncpg
+    from pgqueuer.db import AsyncpgDriver, AsyncpgPoolDriver
+
+    if kind == "apgpool":
+        return AsyncpgPoolDriver(await asyncpg.create_pool(pgqueuer_dsn(), min_size=2, max_size=10))
+    return AsyncpgDriver(await asyncpg.connect(pgqueuer_dsn()))
+
+
+def pgqueuer_drain(setting: dict[str, Any], start: Any) -> tuple[int, float, dict[str, Any]]:
+    import uvloop
+    from pgqueuer import PgQueuer
+    from pgqueuer.types import QueueExecutionMode
+
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    driver = loop.run_until_complete(_pgqueuer_driver(setting["driver"]))
+    pgq = PgQueuer(driver)
+    done = 0
+
+    @pgq.entrypoint("noop")
+    async def noop(job: Any) -> None:
+        nonlocal done
+        done += 1
+
+    options = {"batch_size": setting["batch"], "mode": QueueExecutionMode.drain}
+    if setting.get("max_concurrent_tasks"):
+        options["max_concurrent_tasks"] = setting["max_concurrent_tasks"]
+    start.wait()
+    loop.run_until_complete(pgq.run(**options))
+    end = time.monotonic()
+    loop.close()
+    return done, end, {}
+
+
+class PgqueuerDatabase:
+    """pgqueuer's schema in a database of its own: installed once, emptied and filled before each trial."""
+
+    def __init__(self) -> None:
+        import psycopg
+
+        self.admin = psycopg.connect(pgqueuer_dsn().replace(f"/{PGQUEUER_DATABASE}", "/postgres"), autocommit=True)
+        self.admin.execute(f"DROP DATABASE IF EXISTS {PGQUEUER_DATABASE} WITH (FORCE)")
+        self.admin.execute(f"CREATE DATABASE {PGQUEUER_DATABASE}")
+        self._run(self._install())
+
+    def _run(self, work: Any) -> Any:
+        import uvloop
+
+        return uvloop.run(work)
+
+    async def _queries(self) -> tuple[Any, Any]:
+        import asyncpg
+        from pgqueuer.db import AsyncpgDriver
+        from pgqueuer.queries import Queries
+
+        connection = await asyncpg.connect(pgqueuer_dsn())
+        return Queries(AsyncpgDriver(connection)), connection
+
+    async def _install(self) -> None:
+        queries, connection = await self._queries()
+        await queries.install()
+        await queries.optimize_autovacuum()  # `pgq autovac`, on the docs' checklist
+        await connection.close()
+
+    async def _fill(self, jobs: int) -> None:
+        queries, connection = await self._queries()
+        await queries.clear_queue()
+        await queries.clear_queue_log()
+        await queries.clear_statistics_log()
+        for first in range(0, jobs, ENQUEUE_CHUNK):
+            size = min(ENQUEUE_CHUNK, jobs - first)
+            await queries.enqueue(["noop"] * size, [None] * size, [0] * size)
+        await connection.execute("VACUUM ANALYZE pgqueuer")
+        await connection.close()
+
+    async def _finished(self) -> tuple[int, dict[str, int], float]:
+        _, connection = await self._queries()
+        left = await connection.fetchval("SELECT count(*) FROM pgqueuer")
+        logged = dict(await connection.fetch("SELECT status::text, count(*) FROM pgqueuer_log GROUP BY status"))
+        span = await connection.fetchval(
+            "SELECT extract(epoch FROM max(created) FILTER (WHERE status = 'successful') "
+            "- min(created) FILTER (WHERE status = 'picked')) FROM pgqueuer_log"
+        )
+        await connection.close()
+        return left, logged, float(span)
+
+    def refill(self, jobs: int) -> None:
+        self._run(self._fill(jobs))
+
+    def verify(self, jobs: int) -> float:
+        left, logged, span = self._run(self._finished())
+        # pgqueuer deletes a finished job from its queue and logs it queued, picked and successful.
+        if left or logged != {"queued": jobs, "picked": jobs, "successful": jobs}:
+            raise RuntimeError(
+                f"pgqueuer: expected {jobs} jobs successful, found {left} left in the queue, log {logged}"
+            )
+        return span
+
+    def close(self) -> None:
+        self.admin.execute(f"DROP DATABASE IF EXISTS {PGQUEUER_DATABASE} WITH (FORCE)")
+        self.admin.close()
+
+
+# -- running trials --------------------------------------------------------------------------------
+
+
+def _process(
+    kind: str, backend: str, url: str, setting: dict[str, Any], owner: str, start: Any
+) -> tuple[int, float, dict[str, Any]]:
+    if kind == "dibs":
+        return dibs_drain(url, setting, owner, start)
+    if kind == "raw":
+        return raw_drain(backend, url, setting, owner, start)
+    return pgqueuer_drain(setting, start)
+
+
+@dataclass
+class Trial:
+    backend: str
+    kind: str
+    setting: str
+    batch: int
+    processes: int
+    jobs: int
+    seconds: float
+    #: From the first claim to the last completion, on the database clock: the drain without worker
+    #: start-up and shutdown.
+    db_seconds: float
+    #: When each process finished, in seconds after the barrier.
+    ends: list[float] = field(default_factory=list)
+    stats: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def jobs_per_second(self) -> float:
+        return self.jobs / self.seconds
+
+
+def label(kind: str, setting: dict[str, Any]) -> str:
+    if kind == "dibs":
+        return f"c{setting['concurrency']}/b{setting['batch']}"
+    if kind == "pgqueuer":
+        return f"{setting['driver']}/b{setting['batch']}"
+    return f"b{setting['batch']}"
+
+
+def trial(
+    manager: Any,
+    kind: str,
+    backend: str,
+    url: str,
+    setting: dict[str, Any],
+    processes: int,
+    jobs: int,
+    pgq: PgqueuerDatabase | None,
+) -> Trial:
+    if kind == "pgqueuer":
+        assert pgq is not None
+        pgq.refill(jobs)
+    else:
+        refill(backend, url, jobs)
+    context = multiprocessing.get_context("spawn")
+    start = manager.Barrier(processes + 1)
+    with context.Pool(processes) as pool:
+        pending = pool.starmap_async(
+            _process, [(kind, backend, url, setting, f"{kind}-{n}", start) for n in range(processes)]
+        )
+        start.wait(timeout=120)
+        began = time.monotonic()
+        results = pending.get(timeout=600)
+    seconds = max(end for _, end, _ in results) - began
+    done = sum(count for count, _, _ in results)
+    if done != jobs:
+        raise RuntimeError(f"{kind} {label(kind, setting)} on {backend}: the workers report {done} of {jobs} jobs")
+    if kind == "pgqueuer":
+        assert pgq is not None
+        span = pgq.verify(jobs)
+    else:
+        span = verify(backend, url, jobs, kind)
+    return Trial(
+        backend,
+        kind,
+        label(kind, setting),
+        setting["batch"],
+        processes,
+        jobs,
+        seconds,
+        span,
+        [round(end - began, 4) for _, end, _ in results],
+        [stats for *_, stats in results],
+    )
+
+
+def urls(tmp: Path) -> dict[str, str]:
+    return {
+        "postgresql": sa.make_url(POSTGRES_URL).set(database=DATABASE).render_as_string(hide_password=False),
+        "sqlite": f"sqlite:///{tmp / 'drain.sqlite'}",
+        "mariadb": sa.make_url(MARIADB_URL).set(database=DATABASE).render_as_string(hide_password=False),
+    }
+
+
+def own_database(backend: str, create: bool) -> None:
+    """Create (or drop) the run's database on the PostgreSQL or MariaDB server."""
+    if backend == "sqlite":
+        return
+    server = POSTGRES_URL if backend == "postgresql" else MARIADB_URL
+    admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        if backend == "postgresql":
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
+            if create:
+                conn.exec_driver_sql(f"CREATE DATABASE {DATABASE}")
+        else:
+            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DATABASE}")
+            if create:
+                conn.exec_driver_sql(f"CREATE DATABASE {DATABASE}")
+    admin.dispose()
+
+
+# -- enqueue-to-start latency ----------------------------------------------------------------------
+
+
+def latency_worker(url: str, total: int, setting: dict[str, Any], start: Any) -> list[tuple[float, float]]:
+    """Run a worker until ``total`` jobs have started; returns (sent, started) wall-clock times."""
+    app = dibs.App(url)
+    seen: list[tuple[float, float]] = []
+    worker: dibs.Worker | None = None
+
+    @app.task(name="stamp")
+    async def stamp(sent: float) -> None:
+        seen.append((sent, time.time()))
+        if len(seen) == total and worker is not None:
+            # Stop once the last successes are written: a stop while a batch of them is being written can
+            # leave that batch unrecorded (seen here once in three runs), which is not what this measures.
+            asyncio.get_running_loop().call_later(0.5, worker.stop)
+
+    worker = app.worker(
+        concurrency=setting["concurrency"], batch=setting["batch"], poll=setting["poll"], handle_signals=False
+    )
+    with app.engine.connect():
+        pass
+    start.wait()
+    worker.run()
+    app.engine.dispose()
+    return seen
+
+
+RAW_ENQUEUE = """
+INSERT INTO dibs_jobs (task, queue, args, priority, status, run_at, max_attempts, enqueued_at)
+VALUES ('stamp', 'default', %(args)s, 0, 'queued', statement_timestamp(), 5, statement_timestamp())
+"""
+
+
+def latency_producer(
+    url: str, rate: float, total: int, producer: str, threads: int, start: Any
+) -> dict[str, float | int | str]:
+    """Enqueue ``total`` jobs, one job per transaction, on a fixed schedule of ``rate`` a second.
+
+    ``dibs``: one ``app.enqueue()`` call per job. ``raw``: the same row and the same NOTIFY, written by
+    hand on psycopg, which costs the producer far less CPU. One enqueue takes longer than the gap between
+    two jobs, so a few threads share the schedule; a job is never sent before its time."""
+    import threading
+
+    import psycopg
+
+    from dibs.queue.app import CHANNEL
+
+    app = dibs.App(url)
+
+    @app.task(name="stamp")
+    async def stamp(sent: float) -> None:
+        return None
+
+    address = sa.make_url(url)
+    local = threading.local()
+
+    def enqueue() -> None:
+        if producer == "dibs":
+            app.enqueue("stamp", {"sent": time.time()})
+            return
+        if not hasattr(local, "conn"):
+            local.conn = psycopg.connect(
+                host=address.host,
+                port=address.port,
+                user=address.username,
+                password=address.password,
+                dbname=address.database,
+            )
+        with local.conn.transaction():
+            local.conn.execute(RAW_ENQUEUE, {"args": json.dumps({"sent": time.time()}, separators=(",", ":"))})
+            local.conn.execute("SELECT pg_notify(%s, 'default')", (CHANNEL,))
+
+    with app.engine.connect():
+        pass
+    lock = threading.Lock()
+    slots = iter(range(total))
+    late: list[float] = []
+    start.wait()
+    time.sleep(1.0)  # the worker is listening before the first job
+    began = time.perf_counter()
+
+    def produce() -> None:
+        while True:
+            with lock:
+                n = next(slots, None)
+            if n is None:
+                if hasattr(local, "conn"):
+                    local.conn.close()
+                return
+            wait = began + n / rate - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            else:
+                late.append(-wait)
+            enqueue()
+
+    producers = [threading.Thread(target=produce) for _ in range(threads)]
+    for thread in producers:
+        thread.start()
+    for thread in producers:
+        thread.join()
+    elapsed = time.perf_counter() - began
+    app.engine.dispose()
+    return {
+        "producer": producer,
+        "producer_threads": threads,
+        "achieved_rate": total / elapsed,
+        "seconds": elapsed,
+        "sent_late": len(late),
+        "max_lateness_ms": max(late, default=0.0) * 1000,
+    }
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
+
+
+def latency(
+    manager: Any, url: str, rate: float, seconds: float, producer: str, setting: dict[str, Any]
+) -> dict[str, Any]:
+    """Enqueue-to-start latency of one worker (not burst) fed at ``rate`` jobs a second."""
+    app = drain_app(url)
+    dibs.schema.metadata.drop_all(app.engine)
+    app.init()
+    app.engine.dispose()
+    total = round(rate * seconds)
+    context = multiprocessing.get_context("spawn")
+    start = manager.Barrier(3)
+    with context.Pool(2) as pool:
+        worker = pool.apply_async(latency_worker, (url, total, setting, start))
+        sender = pool.apply_async(latency_producer, (url, rate, total, producer, PRODUCER_THREADS, start))
+        start.wait(timeout=120)
+        sent = sender.get(timeout=seconds * 5 + 120)
+        seen = worker.get(timeout=120)
+    if len(seen) != total:
+        raise RuntimeError(f"latency: the worker started {len(seen)} of {total} jobs")
+    engine = sa.create_engine(url)
+    with engine.connect() as conn:
+        rows = conn.exec_driver_sql(
+            "SELECT status, count(*), extract(epoch FROM percentile_cont(0.5) WITHIN GROUP (ORDER BY started_at - "
+            "enqueued_at)), extract(epoch FROM percentile_cont(0.99) WITHIN GROUP (ORDER BY started_at - enqueued_at)) "
+            "FROM dibs_jobs GROUP BY status"
+        ).all()
+    engine.dispose()
+    unfinished = {row[0]: row[1] for row in rows if row[0] != "succeeded"}
+    if unfinished or sum(row[1] for row in rows) != total:
+        print(f"  WARNING latency: expected {total} jobs succeeded, found {[(r[0], r[1]) for r in rows]}", flush=True)
+    done = [row for row in rows if row[0] == "succeeded"]
+    waits = [started - sent_at for sent_at, started in seen]
+    return {
+        "offered_rate": rate,
+        "jobs": total,
+        **sent,
+        "worker": setting,
+        "p50_ms": percentile(waits, 0.50) * 1000,
+        "p95_ms": percentile(waits, 0.95) * 1000,
+        "p99_ms": percentile(waits, 0.99) * 1000,
+        "max_ms": max(waits) * 1000,
+        # started_at - enqueued_at, both statement times on the database clock.
+        "db_p50_ms": float(done[0][2]) * 1000 if done else None,
+        "db_p99_ms": float(done[0][3]) * 1000 if done else None,
+        "not_succeeded": unfinished,
+    }
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+
+def parse_configs(text: str, poll: float) -> list[dict[str, Any]]:
+    configs = []
+    for item in text.split(","):
+        concurrency, batch = (int(part) for part in item.lower().split("x"))
+        configs.append({"concurrency": concurrency, "batch": batch, "poll": poll})
+    return configs
+
+
+def parse_pgqueuer(text: str) -> list[dict[str, Any]]:
+    settings = []
+    for item in text.split(","):
+        driver, batch = item.split("/")
+        settings.append({"driver": driver, "batch": int(batch)})
+    return settings
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=None,
+        help="jobs per trial (default: 50,000; 25,000 on MariaDB); small batch sizes drain fewer",
+    )
+    parser.add_argument("--processes", default="1,2")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kinds", default="raw,dibs,pgqueuer")
+    parser.add_argument(
+        "--configs", default="10x20,50x200,100x500,200x1000", help="dibs worker settings, concurrency x batch"
+    )
+    parser.add_argument("--poll", type=float, default=2.0, help="dibs worker poll seconds (its default: 2)")
+    parser.add_argument("--pgqueuer", default="apg/10,apg/100,apg/500", help="pgqueuer settings, driver/batch_size")
+    parser.add_argument("--latency-rate", type=float, default=1000.0)
+    parser.add_argument("--latency-seconds", type=float, default=10.0, help="0 skips the latency measurement")
+    options = parser.parse_args(argv)
+    backends = options.backends.split(",")
+    kinds = options.kinds.split(",")
+    process_counts = [int(p) for p in options.processes.split(",")]
+    configs = parse_configs(options.configs, options.poll)
+    pgqueuer_settings = parse_pgqueuer(options.pgqueuer) if "pgqueuer" in kinds else []
+    began = time.time()
+    load_before = os.getloadavg()
+
+    trials: list[Trial] = []
+    enqueue_rates: dict[str, float] = {}
+    latencies: list[dict[str, Any]] = []
+    manager = multiprocessing.get_context("spawn").Manager()
+    with tempfile.TemporaryDirectory() as tmp, manager:
+        where = urls(Path(tmp))
+        try:
+            for backend in backends:
+                url = where[backend]
+                own_database(backend, create=True)
+                total = options.jobs or DEFAULT_JOBS[backend]
+                enqueue_rates[backend] = prepare(backend, url, total)
+                pgq = PgqueuerDatabase() if backend == "postgresql" and pgqueuer_settings else None
+                try:
+                    for processes in process_counts:
+                        for _ in range(options.repeats):
+                            for kind, setting in round_plan(kinds, configs, pgqueuer_settings if pgq else []):
+                                jobs = trial_jobs(setting["batch"], total)
+                                result = trial(manager, kind, backend, url, setting, processes, jobs, pgq)
+                                trials.append(result)
+                                print(
+                                    f"  {backend:<10} x{processes}  {kind:<8} {result.setting:<12} {jobs:>7,} jobs "
+                                    f"{result.jobs_per_second:>10,.0f} jobs/s  (first claim to last completion: "
+                                    f"{jobs / result.db_seconds:,.0f} jobs/s; processes done at "
+                                    f"{', '.join(f'{end:.2f}' for end in result.ends)} s)",
+                                    flush=True,
+                                )
+                finally:
+                    if pgq is not None:
+                        pgq.close()
+            if "postgresql" in backends and options.latency_seconds > 0:
+                for producer in ("dibs", "raw"):
+                    result = latency(
+                        manager,
+                        where["postgresql"],
+                        options.latency_rate,
+                        options.latency_seconds,
+                        producer,
+                        {"concurrency": 10, "batch": 20, "poll": 2.0},  # the worker's defaults
+                    )
+                    latencies.append(result)
+                    print(f"  latency, {describe_latency(result)}", flush=True)
+        finally:
+            for backend in backends:
+                own_database(backend, create=False)
+    load = {"start": load_before, "end": os.getloadavg()}  # other work on the machine shows here
+    report(trials, enqueue_rates, latencies, vars(options), time.time() - began, load)
+
+
+def round_plan(
+    kinds: list[str], configs: list[dict[str, Any]], pgqueuer_settings: list[dict[str, Any]]
+) -> list[tuple[str, dict[str, Any]]]:
+    """One round of trials: each dibs setting after the raw floor at its batch size, then pgqueuer."""
+    plan: list[tuple[str, dict[str, Any]]] = []
+    for config in configs:
+        if "raw" in kinds and all(setting["batch"] != config["batch"] for kind, setting in plan if kind == "raw"):
+            plan.append(("raw", {"batch": config["batch"]}))
+        if "dibs" in kinds:
+            plan.append(("dibs", config))
+    return plan + [("pgqueuer", setting) for setting in pgqueuer_settings]
+
+
+# -- the report ------------------------------------------------------------------------------------
+
+GOALS = {"postgresql": 35_000.0, "sqlite": 30_000.0}
+PGQUEUER_GOAL = 2.5
+
+
+def median_of(trials: list[Trial], **match: Any) -> float | None:
+    values = [t.jobs_per_second for t in trials if all(getattr(t, k) == v for k, v in match.items())]
+    return statistics.median(values) if values else None
+
+
+def summarize(trials: list[Trial]) -> list[dict[str, Any]]:
+    """Per backend and process count: the best median of each kind, and the ratios."""
+    summary = []
+    for backend in dict.fromkeys(t.backend for t in trials):
+        for processes in sorted({t.processes for t in trials if t.backend == backend}):
+            row: dict[str, Any] = {"backend": backend, "processes": processes}
+            for kind in ("dibs", "pgqueuer", "raw"):
+                medians = {
+                    t.setting: median_of(trials, backend=backend, processes=processes, kind=kind, setting=t.setting)
+                    for t in trials
+                    if (t.backend, t.processes, t.kind) == (backend, processes, kind)
+                }
+                if medians:
+                    best = max(medians, key=lambda s: medians[s] or 0.0)
+                    row[kind] = {"best": best, "jobs_per_second": medians[best], "all": medians}
+            if "dibs" in row and "raw" in row:
+                batch = next(t.batch for t in trials if t.kind == "dibs" and t.setting == row["dibs"]["best"])
+                floor = median_of(trials, backend=backend, processes=processes, kind="raw", batch=batch)
+                if floor:
+                    row["raw_at_dibs_batch"] = {"setting": f"b{batch}", "jobs_per_second": floor}
+                    row["dibs_over_raw"] = row["dibs"]["jobs_per_second"] / floor
+            if "dibs" in row and "pgqueuer" in row:
+                row["dibs_over_pgqueuer"] = row["dibs"]["jobs_per_second"] / row["pgqueuer"]["jobs_per_second"]
+            summary.append(row)
+    return summary
+
+
+def goals(summary: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for backend in dict.fromkeys(row["backend"] for row in summary):
+        rows = [row for row in summary if row["backend"] == backend and "dibs" in row]
+        if not rows:
+            continue
+        best = max(rows, key=lambda row: row["dibs"]["jobs_per_second"])
+        rate = best["dibs"]["jobs_per_second"]
+        where = f"{best['dibs']['best']} x{best['processes']}"
+        if backend in GOALS:
+            verdict = "met" if rate >= GOALS[backend] else "MISSED"
+            lines.append(f"{backend}: best dibs {rate:,.0f} jobs/s ({where}); goal >= {GOALS[backend]:,.0f}: {verdict}")
+        else:
+            lines.append(f"{backend}: best dibs {rate:,.0f} jobs/s ({where}); no goal, reported")
+        pgq = [row for row in summary if row["backend"] == backend and "pgqueuer" in row]
+        if pgq:
+            top = max(pgq, key=lambda row: row["pgqueuer"]["jobs_per_second"])
+            ratio = rate / top["pgqueuer"]["jobs_per_second"]
+            verdict = "met" if ratio >= PGQUEUER_GOAL else "MISSED"
+            lines.append(
+                f"{backend}: best dibs / best pgqueuer ({top['pgqueuer']['best']} x{top['processes']}, "
+                f"{top['pgqueuer']['jobs_per_second']:,.0f} jobs/s) = {ratio:.2f}; goal >= {PGQUEUER_GOAL}: {verdict}"
+            )
+    return lines
+
+
+def describe_latency(result: dict[str, Any]) -> str:
+    return (
+        f"{result['producer']} producer, {result['offered_rate']:,.0f} jobs/s offered, "
+        f"{result['achieved_rate']:,.0f} achieved ({result['jobs']:,} jobs): p50 {result['p50_ms']:.1f} ms, "
+        f"p95 {result['p95_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, max {result['max_ms']:.1f} ms "
+        f"(goal p50 < 5 ms {'met' if result['p50_ms'] < 5 else 'MISSED'}, "
+        f"p99 < 50 ms {'met' if result['p99_ms'] < 50 else 'MISSED'})"
+    )
+
+
+def versions() -> dict[str, str]:
+    found = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
+    for package in ("dibs", "sqlalchemy", "psycopg", "pymysql", "pgqueuer", "asyncpg", "uvloop"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            continue
+    found["dibs"] = dibs.__version__
+    # What was measured: the library's sources change under a running benchmark if someone edits them.
+    digest = hashlib.sha256()
+    for path in sorted((ROOT / "src" / "dibs").rglob("*.py")):
+        digest.update(path.read_bytes())
+    found["dibs_sources_sha256"] = digest.hexdigest()[:16]
+    return found
+
+
+def report(
+    trials: list[Trial],
+    enqueue_rates: dict[str, float],
+    latencies: list[dict[str, Any]],
+    options: dict[str, Any],
+    elapsed: float,
+    load: dict[str, Any],
+) -> None:
+    print("\nmedian jobs/s of each setting")
+    print(f"{'backend':<11}{'procs':>6}  {'kind':<9}{'setting':<13}{'jobs':>8}{'median':>11}{'trials':>8}")
+    seen = sorted(
+        {(t.backend, t.processes, t.kind, t.batch, t.setting, t.jobs) for t in trials},
+        key=lambda k: (BACKENDS.index(k[0]), k[1], k[2], k[3], k[4]),
+    )
+    for backend, processes, kind, _, setting, jobs in seen:
+        match = {"backend": backend, "processes": processes, "kind": kind, "setting": setting}
+        count = sum(1 for t in trials if all(getattr(t, k) == v for k, v in match.items()))
+        middle = median_of(trials, **match) or 0.0
+        print(f"{backend:<11}{processes:>6}  {kind:<9}{setting:<13}{jobs:>8,}{middle:>11,.0f}{count:>8}")
+
+    summary = summarize(trials)
+    print("\nbest median per kind; dibs/raw at dibs's best batch size, dibs/pgqueuer best against best")
+    print(
+        f"{'backend':<11}{'procs':>6}  {'dibs (best)':<24}{'raw floor':>18}{'pgqueuer (best)':>24}"
+        f"{'dibs/raw':>10}{'dibs/pgq':>10}"
+    )
+    for row in summary:
+        dibs_cell = f"{row['dibs']['jobs_per_second']:,.0f} {row['dibs']['best']}" if "dibs" in row else "-"
+        raw = row.get("raw_at_dibs_batch")
+        raw_cell = f"{raw['jobs_per_second']:,.0f} {raw['setting']}" if raw else "-"
+        pgq = row.get("pgqueuer")
+        pgq_cell = f"{pgq['jobs_per_second']:,.0f} {pgq['best']}" if pgq else "-"
+        over_raw = f"{row['dibs_over_raw']:.2f}" if "dibs_over_raw" in row else "-"
+        over_pgq = f"{row['dibs_over_pgqueuer']:.2f}" if "dibs_over_pgqueuer" in row else "-"
+        print(
+            f"{row['backend']:<11}{row['processes']:>6}  {dibs_cell:<24}{raw_cell:>18}{pgq_cell:>24}"
+            f"{over_raw:>10}{over_pgq:>10}"
+        )
+    verdicts = goals(summary)
+    print("\ngoals")
+    for line in verdicts:
+        print(f"  {line}")
+    if latencies:
+        print("\nenqueue-to-start latency on PostgreSQL (goal: p50 < 5 ms, p99 < 50 ms)")
+        for result in latencies:
+            print(f"  {describe_latency(result)}")
+    print(f"\ndibs enqueue_many while filling: {', '.join(f'{b} {r:,.0f} jobs/s' for b, r in enqueue_rates.items())}")
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"drain-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(
+        json.dumps(
+            {
+                "benchmark": "drain",
+                "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average": load},
+                "versions": versions(),
+                "options": options,
+                "seconds": elapsed,
+                "summary": summary,
+                "goals": verdicts,
+                "latency": latencies,
+                "enqueue_many_jobs_per_second": enqueue_rates,
+                "trials": [asdict(t) | {"jobs_per_second": t.jobs_per_second} for t in trials],
+            },
+            indent=2,
+        )
+    )
+    print(f"\nwritten to {out} after {elapsed / 60:.1f} minutes")
+
+
+if __name__ == "__main__":
+    main()
