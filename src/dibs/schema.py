@@ -99,8 +99,15 @@ _partial(
 )
 # Scheduled and retried jobs whose time has come.
 _partial("dibs_jobs_due", [jobs.c.run_at], "status = 'scheduled'", [jobs.c.status])
-# Leases that expired (a worker crashed).
-_partial("dibs_jobs_expiry", [jobs.c.lease_expires_at], "status = 'running'", [jobs.c.status])
+# Leases that expired (a worker crashed). The predicate says more than status = 'running' on purpose: a
+# lease write, whose WHERE holds status = 'running' and the keys, must not be planned as a scan of every
+# running job through this index, but find its rows by primary key.
+_partial(
+    "dibs_jobs_expiry",
+    [jobs.c.lease_expires_at],
+    "status = 'running' AND lease_expires_at IS NOT NULL",
+    [jobs.c.status],
+)
 # The oldest live job of an ordering key.
 _partial(
     "dibs_jobs_ordering",

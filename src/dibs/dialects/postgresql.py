@@ -211,7 +211,8 @@ class Notifications:
             # Whatever was enqueued while (re)connecting is found by the poll this wake-up triggers.
             self.woken("")
             while not self._stop.is_set():
-                for notification in conn.notifies(timeout=0.5):
+                # A short timeout: a worker that stops waits for this thread at most this long.
+                for notification in conn.notifies(timeout=0.1):
                     self.woken(notification.payload)
         finally:
             raw.invalidate()

@@ -151,6 +151,7 @@ class Worker:
         self._held: dict[tuple[Any, ...], Lease] = {}  # claimed and not yet finished
         self._running: dict[int, _Running] = {}
         self._done: list[Lease] = []
+        self._flushing = True
         self._done_ready: asyncio.Event | None = None
         self._idle_claims = 0
         self._db = ThreadPoolExecutor(2, thread_name_prefix="dibs-db")
@@ -193,8 +194,8 @@ class Worker:
         self._install_signals()
         listener = self._listen()
         runners = [asyncio.create_task(self._runner(), name=f"dibs-runner-{n}") for n in range(self.concurrency)]
+        flusher = asyncio.create_task(self._flusher(), name="dibs-flusher")
         chores = [
-            asyncio.create_task(self._flusher(), name="dibs-flusher"),
             asyncio.create_task(self._heartbeats(), name="dibs-heartbeats"),
             asyncio.create_task(self._upkeep(), name="dibs-upkeep"),
         ]
@@ -206,6 +207,11 @@ class Worker:
             for chore in chores:
                 chore.cancel()
             await asyncio.gather(*chores, return_exceptions=True)
+            # The flusher is not cancelled: a write of successes it has begun is waited for and counted.
+            self._flushing = False
+            assert self._done_ready is not None
+            self._done_ready.set()
+            await asyncio.gather(flusher, return_exceptions=True)
             await self._flush()
             if listener is not None:
                 await self._call(listener.close)
@@ -423,7 +429,7 @@ class Worker:
 
     async def _flusher(self) -> None:
         assert self._done_ready is not None
-        while True:
+        while self._flushing:
             await self._done_ready.wait()
             self._done_ready.clear()
             await self._flush()
