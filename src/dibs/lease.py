@@ -131,6 +131,23 @@ _OWNER = "dibs_lease_owner"
 _LEASE_SECONDS = "dibs_lease_seconds"
 
 
+class _LeaseFields(NamedTuple):
+    """Where a claimed row holds the key's columns, the token and the expiry."""
+
+    key: tuple[int, ...]
+    token: int
+    expires_at: int
+
+    @classmethod
+    def of(cls, columns: tuple[sa.Column[Any], ...], leases: Leases) -> _LeaseFields:
+        names = [column.name for column in columns]
+        return cls(
+            tuple(names.index(column.name) for column in leases.key_columns),
+            names.index(leases.token.name),
+            names.index(leases.expires_at.name),
+        )
+
+
 class _WriteStatements(NamedTuple):
     write: sa.Update  # the guarded UPDATE
     returning: sa.Update  # the same, returning the (key..., token) of each row it changed
@@ -190,10 +207,7 @@ class Leases:
         self.attempts = column_of(self.table, attempts, "Leases(attempts=)")
         self.ready, self.running, self.done, self.failed = ready, running, done, failed
         self.key_columns = tuple(self.table.primary_key.columns)
-        positions = {column.name: index for index, column in enumerate(self.table.columns)}
-        self._key_positions = tuple(positions[column.name] for column in self.key_columns)
-        self._token_position = positions[self.token.name]
-        self._expires_position = positions[self.expires_at.name]
+        self._whole_rows = _LeaseFields.of(tuple(self.table.columns), self)
         self._claim_templates: dict[tuple[Any, ...], ClaimRequest] = {}
         self._write_templates: dict[tuple[Any, ...], _WriteStatements] = {}
 
@@ -213,7 +227,7 @@ class Leases:
     ) -> list[Lease]:
         """Lease up to ``limit`` ready or expired rows to ``owner`` for ``duration``; each gets a new token."""
         request = self.claim_request(bind, owner, duration, where, limit, order_by, set, then)
-        return self._leases(run_claim(bind, request, self.strategy), owner)
+        return self._leases(run_claim(bind, request, self.strategy), owner, self._whole_rows)
 
     async def aclaim(
         self,
@@ -229,7 +243,7 @@ class Leases:
     ) -> list[Lease]:
         """claim() for asyncio."""
         request = self.claim_request(bind, owner, duration, where, limit, order_by, set, then)
-        return self._leases(await arun_claim(bind, request, self.strategy), owner)
+        return self._leases(await arun_claim(bind, request, self.strategy), owner, self._whole_rows)
 
     def eligible(self, backend: Backend) -> sa.ColumnElement[bool]:
         """Ready rows, and running rows whose lease has expired on the database clock."""
@@ -269,13 +283,15 @@ class Leases:
         where: Criteria = None,
         order_by: Ordering = (),
         set: Mapping[Any, Any] | None = None,
+        columns: Sequence[Any] | None = None,
     ) -> Claimer:
         r"""A claim whose criteria, order and values are fixed, built once per database and reused.
 
         Values that change from call to call go in ``where`` and ``set`` as named ``sa.bindparam``\ s and
-        are given to :meth:`Claimer.claim` as ``parameters``.
+        are given to :meth:`Claimer.claim` as ``parameters``. ``columns`` limits what each lease's row holds
+        (the key, token and expiry are always among them): fewer columns, less to decode.
         """
-        return Claimer(self, where, order_by, set)
+        return Claimer(self, where, order_by, set, columns)
 
     def _claim_template(self, backend: Backend, order_by: Ordering) -> ClaimRequest:
         order = ordering(self.table, order_by)
@@ -312,11 +328,10 @@ class Leases:
         )
         return dataclasses.replace(request, shape=shape)
 
-    def _leases(self, rows: Iterable[Row[Any]], owner: str) -> list[Lease]:
-        # Claimed rows carry the table's columns in table order, so fields are read by position. Building
-        # leases is a large part of a big claim's Python time: one-column keys skip the generator.
-        key_at = self._key_positions
-        token_at, expires_at = self._token_position, self._expires_position
+    def _leases(self, rows: Iterable[Row[Any]], owner: str, fields: _LeaseFields) -> list[Lease]:
+        # Fields are read by position. Building leases is a large part of a big claim's Python time:
+        # one-column keys skip the generator.
+        key_at, token_at, expires_at = fields
         if len(key_at) == 1:
             (only,) = key_at
             return [
@@ -609,12 +624,26 @@ class Leases:
 class Claimer:
     """A lease claim with fixed criteria, order and values (see :meth:`Leases.claimer`)."""
 
-    def __init__(self, leases: Leases, where: Criteria, order_by: Ordering, values: Mapping[Any, Any] | None) -> None:
+    def __init__(
+        self,
+        leases: Leases,
+        where: Criteria,
+        order_by: Ordering,
+        values: Mapping[Any, Any] | None,
+        columns: Sequence[Any] | None,
+    ) -> None:
         self.leases = leases
         self._where = where
         self._order = ordering(leases.table, order_by)
         self._values = dict(values or {})
         self._templates: dict[str, ClaimRequest] = {}
+        self._columns: tuple[sa.Column[Any], ...] = ()
+        if columns is not None:
+            # The key, token and expiry come back whatever else is asked for: a lease needs them.
+            needed = [*leases.key_columns, leases.token, leases.expires_at]
+            asked = [column_of(leases.table, column, "Leases.claimer(columns=)") for column in columns]
+            self._columns = tuple(dict.fromkeys([*needed, *asked]))
+        self._fields = _LeaseFields.of(self._columns or tuple(leases.table.columns), leases)
 
     def claim(
         self,
@@ -627,7 +656,7 @@ class Claimer:
     ) -> list[Lease]:
         """Lease up to ``limit`` rows to ``owner`` for ``duration``."""
         request = self._request(bind, owner, duration, limit, parameters)
-        return self.leases._leases(run_claim(bind, request, self.leases.strategy), owner)
+        return self.leases._leases(run_claim(bind, request, self.leases.strategy), owner, self._fields)
 
     async def aclaim(
         self,
@@ -640,7 +669,7 @@ class Claimer:
     ) -> list[Lease]:
         """claim() for asyncio."""
         request = self._request(bind, owner, duration, limit, parameters)
-        return self.leases._leases(await arun_claim(bind, request, self.leases.strategy), owner)
+        return self.leases._leases(await arun_claim(bind, request, self.leases.strategy), owner, self._fields)
 
     def _request(
         self, bind: Any, owner: str, duration: Duration, limit: int, parameters: Mapping[str, Any] | None
@@ -650,8 +679,9 @@ class Claimer:
         backend = backend_for(bind.dialect)
         template = self._templates.get(backend.name)
         if template is None:
-            template = self._templates[backend.name] = self.leases._build_claim(
-                backend, self._order, self._where, self._values, shape=object()
+            template = self._templates[backend.name] = dataclasses.replace(
+                self.leases._build_claim(backend, self._order, self._where, self._values, shape=object()),
+                columns=self._columns,
             )
         values = {_OWNER: owner, _LEASE_SECONDS: backend.after_value(_seconds(duration)), **(parameters or {})}
         return dataclasses.replace(template, limit=whole_number(limit), parameters=values)

@@ -262,3 +262,17 @@ def test_finish_values_may_take_parameters(db: Harness) -> None:
     )
     assert lost == []
     assert {(row.status, row.payload) for row in db.rows(sa.select(table))} == {("ready", "retry-x")}
+
+
+def test_a_claimer_returns_only_the_columns_asked_for_and_what_a_lease_needs(db: Harness) -> None:
+    _, leases = make_leased(db, 3)
+    table = leases.table
+    claimer = leases.claimer(order_by=[table.c.id], columns=["payload", table.c.attempts])
+    options = {"owner": "w", "duration": 30, "limit": 2}
+    held = db.run(claimer.aclaim(db.engine, **options)) if db.target.is_async else claimer.claim(db.engine, **options)
+    assert [lease.key for lease in held] == [(1,), (2,)]
+    for lease in held:
+        assert list(lease.row._mapping) == ["id", "lease_token", "lease_expires_at", "payload", "attempts"]
+        assert (lease.token, lease.row.payload, lease.row.attempts) == (1, f"p{lease.key[0]}", 1)
+    assert db.lease(leases, "complete_many", held) == []
+    assert [row.status for row in db.rows(sa.select(table).order_by(table.c.id))] == ["done", "done", "ready"]

@@ -51,14 +51,22 @@ class ClaimRequest:
     then: Then | None
     parameters: Mapping[str, Any] = field(default_factory=dict)
     shape: Hashable | None = None
+    #: The columns the claimed rows come back with, the key among them; empty for all of the table's.
+    columns: tuple[sa.Column[Any], ...] = ()
 
     @property
     def key_columns(self) -> tuple[sa.Column[Any], ...]:
         return tuple(self.table.primary_key.columns)
 
     @property
+    def returned(self) -> tuple[sa.Column[Any], ...]:
+        """The columns of each claimed row, in order."""
+        return self.columns or tuple(self.table.columns)
+
+    @property
     def key_positions(self) -> tuple[int, ...]:
-        return key_positions(self.table)
+        """Where the key's columns stand in a claimed row."""
+        return positions_of(self.returned, self.key_columns)
 
     def candidates(self, *columns: ColumnElement[Any]) -> sa.Select[Any]:
         """SELECT the given columns of the eligible rows, in claim order, at most ``limit`` of them."""
@@ -302,8 +310,13 @@ def driver_autocommit(dbapi_connection: Any) -> bool:
 
 def key_positions(table: sa.Table) -> tuple[int, ...]:
     """Where the primary-key columns stand among the table's columns (and so in a whole claimed row)."""
-    names = [column.name for column in table.columns]
-    return tuple(names.index(column.name) for column in table.primary_key.columns)
+    return positions_of(tuple(table.columns), tuple(table.primary_key.columns))
+
+
+def positions_of(columns: Sequence[sa.Column[Any]], wanted: Sequence[sa.Column[Any]]) -> tuple[int, ...]:
+    """Where each of ``wanted`` stands among ``columns``."""
+    names = [column.name for column in columns]
+    return tuple(names.index(column.name) for column in wanted)
 
 
 def key_of(row: Row[Any], positions: Sequence[int]) -> tuple[Any, ...]:

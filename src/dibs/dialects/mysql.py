@@ -61,13 +61,13 @@ class MySQLClaim:
         keys = request.key_columns
         chosen = keys_in(keys)
         # Claiming by delete returns the rows as they were: the locking read fetches them whole.
-        pick = request.candidates(*(table.columns if request.delete else keys)).with_for_update(skip_locked=True)
+        pick = request.candidates(*(request.returned if request.delete else keys)).with_for_update(skip_locked=True)
         change: sa.Update | sa.Delete = (
             sa.delete(table).where(chosen)
             if request.delete
             else sa.update(table).where(chosen).values(dict(request.values))
         )
-        return _Statements(pick, change, sa.select(table).where(chosen))
+        return _Statements(pick, change, sa.select(*request.returned).where(chosen))
 
     def claim(self, conn: Connection, request: ClaimRequest) -> list[Row[Any]]:
         keys = request.key_columns

@@ -73,8 +73,8 @@ class PortableClaim:
         )
         return _Statements(
             candidates=request.candidates(*keys),
-            eligible=sa.select(table).where(keys_in(keys), guard),
-            read=sa.select(table).where(keys_in(keys)),
+            eligible=sa.select(*request.returned).where(keys_in(keys), guard),
+            read=sa.select(*request.returned).where(keys_in(keys)),
             claim_one=claim_one,
         )
 

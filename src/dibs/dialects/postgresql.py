@@ -90,8 +90,8 @@ class PostgreSQLClaim:
             else sa.update(table).where(chosen).values(dict(request.values))
         )
         if not orderings:
-            return change.returning(*table.columns)
-        claimed = change.returning(*table.columns).cte("dibs_claimed")
+            return change.returning(*request.returned)
+        claimed = change.returning(*request.returned).cte("dibs_claimed")
         return (
             sa.select(*claimed.columns)
             .join_from(claimed, picked, sa.and_(*(claimed.c[key.name] == picked.c[key.name] for key in keys)))

@@ -77,8 +77,8 @@ class SQLiteClaim:
             else sa.update(table).where(chosen).values(dict(request.values))
         )
         if self.returning:
-            return _Statements(request.candidates(*request.key_columns), change.returning(*table.columns), None)
-        return _Statements(request.candidates(*request.key_columns), change, sa.select(table).where(chosen))
+            return _Statements(request.candidates(*request.key_columns), change.returning(*request.returned), None)
+        return _Statements(request.candidates(*request.key_columns), change, sa.select(*request.returned).where(chosen))
 
     def claim(self, conn: Connection, request: ClaimRequest) -> list[Row[Any]]:
         keys = request.key_columns
