@@ -23,9 +23,11 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the extra
     click = None  # type: ignore[assignment]
 
+import sqlalchemy as sa
+
 import dibs
 from dibs.queue.app import App, database_url
-from dibs.schema import FINISHED, STATES
+from dibs.schema import FINISHED, STATES, require_current
 
 
 def main() -> None:
@@ -67,15 +69,21 @@ def _console() -> Console:
 
 
 def _app(ctx: click.Context) -> App:
-    return App(ctx.obj["db"])
+    """The app on --db, for commands that read or change jobs: its tables must exist."""
+    app = App(ctx.obj["db"])
+    _run(lambda: require_current(app.engine))
+    return app
 
 
 def _run(action: Any) -> Any:
-    """Run an action, turning dibs errors into a clear message and exit status 1."""
+    """Run an action, turning dibs and database errors into a clear message and exit status 1."""
     try:
         return action()
     except dibs.DibsError as exc:
         raise click.ClickException(str(exc)) from exc
+    except sa.exc.DBAPIError as exc:
+        first = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
+        raise click.ClickException(f"the database refused or could not be reached: {first}") from exc
 
 
 if click is not None:
@@ -94,7 +102,7 @@ if click is not None:
     @command.command(help="Create the dibs tables, or upgrade them to this version of dibs.")
     @click.pass_context
     def init(ctx: click.Context) -> None:
-        app = _app(ctx)
+        app = App(ctx.obj["db"])
         applied = _run(app.init)
         where = app.engine.url.render_as_string(hide_password=True)
         if applied:

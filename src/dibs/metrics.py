@@ -31,7 +31,10 @@ class Metrics:
         registry = self.registry
         self._claimed = prometheus.Counter("dibs_jobs_claimed", "Jobs claimed by this worker", registry=registry)
         self._finished = prometheus.Counter(
-            "dibs_jobs_finished", "Jobs finished by this worker, by outcome", ["outcome"], registry=registry
+            "dibs_jobs_finished",
+            "Jobs finished by this worker, by task and outcome",
+            ["task", "outcome"],
+            registry=registry,
         )
         self._claim_seconds = prometheus.Histogram(
             "dibs_claim_seconds",
@@ -73,11 +76,8 @@ class Metrics:
     def ran(self, task: str, seconds: float) -> None:
         self._run_seconds.labels(task).observe(seconds)
 
-    def finished(self, task: str, outcome: str) -> None:
-        self._finished.labels(outcome).inc()
-
-    def finished_many(self, outcome: str, count: int) -> None:
-        self._finished.labels(outcome).inc(count)
+    def finished(self, task: str, outcome: str, count: int = 1) -> None:
+        self._finished.labels(task, outcome).inc(count)
 
     def observe(self, statuses: Sequence[QueueStatus]) -> None:
         for status in statuses:

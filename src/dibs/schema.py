@@ -36,6 +36,9 @@ LIVE = (SCHEDULED, QUEUED, RUNNING)
 FINISHED = (SUCCEEDED, DEAD, CANCELLED)
 STATES = (*LIVE, *FINISHED)
 
+#: Text of any length (MySQL's TEXT stops at 64 KiB).
+_LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
+
 JOBS = "dibs_jobs"
 SCHEMA = "dibs_schema"
 
@@ -47,7 +50,7 @@ jobs = sa.Table(
     sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
     sa.Column("task", sa.String(200), nullable=False),
     sa.Column("queue", sa.String(100), nullable=False),
-    sa.Column("args", sa.Text, nullable=False),
+    sa.Column("args", _LongText, nullable=False),
     sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
     sa.Column("status", sa.String(16), nullable=False),
     sa.Column("run_at", Timestamp, nullable=False),
@@ -64,7 +67,7 @@ jobs = sa.Table(
     sa.Column("enqueued_at", Timestamp, nullable=False),
     sa.Column("started_at", Timestamp, nullable=True),
     sa.Column("finished_at", Timestamp, nullable=True),
-    sa.Column("last_error", sa.Text, nullable=True),
+    sa.Column("last_error", _LongText, nullable=True),
 )
 
 

@@ -252,8 +252,8 @@ def test_a_worker_serves_prometheus_metrics(qdb: QueueDatabase) -> None:
     try:
         wanted = {
             "dibs_jobs_claimed_total": 4.0,
-            'dibs_jobs_finished_total{outcome="succeeded"}': 3.0,
-            'dibs_jobs_finished_total{outcome="dead"}': 1.0,
+            'dibs_jobs_finished_total{outcome="succeeded",task="work.ok"}': 3.0,
+            'dibs_jobs_finished_total{outcome="dead",task="work.fail"}': 1.0,
             'dibs_queue_jobs{queue="default",state="succeeded"}': 3.0,
             'dibs_queue_jobs{queue="default",state="dead"}': 1.0,
         }

@@ -327,25 +327,16 @@ class App:
         """Cancel a job: a waiting one at once; a running one is asked to stop (its worker tells it, and
         records it cancelled when it stops). A finished job is returned unchanged."""
         backend = backend_for(self.engine.dialect)
-        waiting = claim(
-            self.engine,
-            jobs,
-            where=[jobs.c.id == job_id, jobs.c.status.in_([SCHEDULED, QUEUED])],
-            set={
-                jobs.c.status: CANCELLED,
-                jobs.c.finished_at: backend.now(),
-                jobs.c.dedupe_key: None,
-                jobs.c.last_error: "cancelled before it ran",
-            },
+        # Plain UPDATEs, which wait for a row another transaction holds, where a claim would skip it.
+        waiting = (
+            sa.update(jobs)
+            .where(jobs.c.id == job_id, jobs.c.status.in_([SCHEDULED, QUEUED]))
+            .values(status=CANCELLED, finished_at=backend.now(), dedupe_key=None, last_error="cancelled before it ran")
         )
-        if waiting:
-            return Job.from_row(waiting[0])
-        claim(
-            self.engine,
-            jobs,
-            where=[jobs.c.id == job_id, jobs.c.status == RUNNING],
-            set={jobs.c.cancel_requested: True},
-        )
+        running = sa.update(jobs).where(jobs.c.id == job_id, jobs.c.status == RUNNING).values(cancel_requested=True)
+        with self.engine.begin() as conn:
+            if conn.execute(waiting).rowcount == 0:
+                conn.execute(running)
         return self.get(job_id)
 
     def retry(self, job_id: int) -> Job:

@@ -18,7 +18,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dibs._errors import InvalidArgument, UnknownQueue, UnknownTask
+from dibs._errors import DibsError, InvalidArgument, UnknownQueue, UnknownTask
 from dibs.dialects import Backend, backend_for
 from dibs.dialects.base import resolve_times
 from dibs.queue.job import Job
@@ -205,7 +205,13 @@ def _inserted_id(result: sa.CursorResult[Any]) -> int:
 def _insert_deduplicated(conn: Connection, backend: Backend, job: NewJob) -> Job:
     returning = "rows" if conn.dialect.insert_returning else "none"
     statement = _statement(backend, job, deduplicated=True, returning=returning)
-    live = sa.select(jobs).where(jobs.c.dedupe_key == job.values["dedupe_key"], jobs.c.status.in_(LIVE))
+    # A locking read sees the latest committed row even inside a caller's REPEATABLE READ transaction
+    # (MySQL's default), whose snapshot may predate the job that holds the key.
+    live = (
+        sa.select(jobs)
+        .where(jobs.c.dedupe_key == job.values["dedupe_key"], jobs.c.status.in_(LIVE))
+        .with_for_update(read=True)
+    )
     for _ in range(_DEDUPE_TRIES):
         parameters = _parameters(backend, job, conn.dialect)
         if conn.dialect.insert_returning:
@@ -219,8 +225,9 @@ def _insert_deduplicated(conn: Connection, backend: Backend, job: NewJob) -> Job
         existing = conn.execute(live).first()
         if existing is not None:
             return Job.from_row(existing)
-    raise InvalidArgument(
-        f"dedupe key {job.values['dedupe_key']!r} kept colliding with jobs that finished at once; enqueue again"
+    raise DibsError(
+        f"the live job holding dedupe key {job.values['dedupe_key']!r} could not be read back (it kept "
+        "finishing as this enqueue looked for it); nothing was enqueued: enqueue again"
     )
 
 

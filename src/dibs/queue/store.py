@@ -11,13 +11,11 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.engine import Connection, Engine
 
 from dibs.claim import claim
 from dibs.dialects import backend_for
@@ -51,14 +49,17 @@ leases = Leases(
 )
 
 
-def _older_live_job() -> sa.ColumnElement[bool]:
-    """Whether a live job with the same ordering key was enqueued before this one."""
-    earlier = jobs.alias("dibs_earlier")
+def _key_taken() -> sa.ColumnElement[bool]:
+    """Whether another job with the same ordering key runs now, or waits ahead of this one (enqueued
+    before it). Jobs of one key then run one at a time, in enqueue order; a job committed late (by a
+    long transaction) waits for the one running, and may run after jobs enqueued after it."""
+    other = jobs.alias("dibs_other")
     return sa.exists(
-        sa.select(earlier.c.id).where(
-            earlier.c.ordering_key == jobs.c.ordering_key,
-            earlier.c.id < jobs.c.id,
-            earlier.c.status.in_(LIVE),
+        sa.select(other.c.id).where(
+            other.c.ordering_key == jobs.c.ordering_key,
+            other.c.id != jobs.c.id,
+            other.c.status.in_(LIVE),
+            sa.or_(other.c.status == RUNNING, other.c.id < jobs.c.id),
         )
     )
 
@@ -74,7 +75,7 @@ class JobStore:
                 jobs.c.queue.in_(sa.bindparam("dibs_queues", expanding=True)),
                 jobs.c.task.in_(sa.bindparam("dibs_tasks", expanding=True)),
                 sa.or_(jobs.c.tag.is_(None), jobs.c.tag.in_(sa.bindparam("dibs_tags", expanding=True))),
-                sa.or_(jobs.c.ordering_key.is_(None), ~_older_live_job()),
+                sa.or_(jobs.c.ordering_key.is_(None), ~_key_taken()),
             ],
             order_by=[jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id],
             set={jobs.c.started_at: self.backend.now()},
@@ -189,11 +190,3 @@ class JobStore:
 def error_text(error: BaseException, formatted: str) -> str:
     """What is kept of a failure: the exception's type and message, then the traceback."""
     return f"{type(error).__name__}: {error}\n\n{formatted}"[:ERROR_LIMIT]
-
-
-def dumps(args: Mapping[str, Any]) -> str:
-    return json.dumps(args, allow_nan=False, separators=(",", ":"), sort_keys=True)
-
-
-def rows_to_ids(rows: Iterable[Row[Any]]) -> list[int]:
-    return [row[0] for row in rows]

@@ -28,7 +28,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -129,7 +129,12 @@ class Worker:
         self.concurrency = concurrency
         self.batch = batch or 2 * concurrency
         self.lease_seconds = float(lease)
-        self.heartbeat_seconds = float(heartbeat) if heartbeat else self.lease_seconds / 3
+        self.heartbeat_seconds = float(heartbeat) if heartbeat is not None else self.lease_seconds / 3
+        if isinstance(heartbeat, bool) or not 0 < self.heartbeat_seconds < self.lease_seconds:
+            raise InvalidArgument(
+                f"heartbeat must be a positive number of seconds below the lease ({lease:g}), got {heartbeat!r}; "
+                "a third of the lease (the default) renews it twice before it could expire"
+            )
         self.poll_seconds = float(poll)
         self.grace_seconds = float(grace)
         self.upkeep_seconds = float(upkeep_every)
@@ -153,7 +158,6 @@ class Worker:
         self._done: list[Lease] = []
         self._flushing = True
         self._done_ready: asyncio.Event | None = None
-        self._idle_claims = 0
         self._db = ThreadPoolExecutor(2, thread_name_prefix="dibs-db")
         self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="dibs-task")
 
@@ -238,16 +242,22 @@ class Worker:
                 await self._sleep(self.poll_seconds)
                 continue
             started = time.perf_counter()
-            claimed = await self._call(
-                self._store.claim,
-                self.app.engine,
-                owner=self.name,
-                lease_seconds=self.lease_seconds,
-                limit=min(room, self.batch),
-                queues=self.queues,
-                tasks=self.task_names,
-                tags=self.tags,
-            )
+            try:
+                claimed = await self._call(
+                    self._store.claim,
+                    self.app.engine,
+                    owner=self.name,
+                    lease_seconds=self.lease_seconds,
+                    limit=min(room, self.batch),
+                    queues=self.queues,
+                    tasks=self.task_names,
+                    tags=self.tags,
+                )
+            except Exception as error:  # the database is away or busy: try again, backing off
+                log.warning("claim failed, trying again in %.1fs: %s", idle_wait, error)
+                await self._sleep(idle_wait)
+                idle_wait = min(max(idle_wait * 2, 0.1), self.poll_seconds)
+                continue
             if self.metrics is not None:
                 self.metrics.claimed(len(claimed), time.perf_counter() - started)
             if self.stopping and claimed:
@@ -259,14 +269,22 @@ class Worker:
             self._buffer.extend(claimed)
             if claimed:
                 self._work.set()
-            if claimed:
                 idle_wait = 0.01
                 continue
-            if self.burst and not self._held and await self._nothing_left():
+            if self.burst and not self._held and await self._quietly(self._nothing_left, False):
                 break
             # Idle: wait for a notification, a finished job, or the next poll, backing off.
             await self._sleep(idle_wait)
             idle_wait = min(idle_wait * 2, self.poll_seconds)
+
+    async def _quietly(self, check: Callable[[], Any], fallback: T) -> T:
+        """``check()``, or ``fallback`` when the database fails it (logged)."""
+        try:
+            result: T = await check()
+            return result
+        except Exception as error:
+            log.warning("could not check for remaining work: %s", error)
+            return fallback
 
     async def _nothing_left(self) -> bool:
         """For burst mode: no job of ours is queued, scheduled (a retry waiting for its time) or running."""
@@ -319,7 +337,13 @@ class Worker:
             lease = self._buffer.popleft()
             if len(self._buffer) < self.concurrency:
                 self._wake_up()
-            await self._run(lease, me)
+            try:
+                await self._run(lease, me)
+            except Exception as error:
+                # Writing the outcome failed (the database went away). The lease is no longer renewed, so
+                # the job runs again once it expires: at least once, never lost.
+                self._held.pop(lease.key, None)
+                log.warning("could not record the outcome of job %s; it will run again: %s", lease.key[0], error)
 
     async def _run(self, lease: Lease, runner: asyncio.Task[Any] | None) -> None:
         if self._held.get(lease.key) is not lease:
@@ -365,7 +389,16 @@ class Worker:
             else:
                 assert self._loop is not None
                 call = self._loop.run_in_executor(self._threads, lambda: task.function(**kwargs))
-                await (call if task.timeout is None else asyncio.wait_for(call, task.timeout))
+                if task.timeout is not None:
+                    await asyncio.wait({call}, timeout=task.timeout)
+                    if not call.done():
+                        # A thread cannot be stopped from outside: the job is asked to stop and keeps its
+                        # lease (renewed) until its function returns, so it never runs twice at once.
+                        context.stop("timeout")
+                        with contextlib.suppress(Exception):
+                            await call
+                        raise TimeoutError(f"the job ran longer than its timeout of {task.timeout:g} seconds")
+                await call
         except asyncio.CancelledError:
             # Only async jobs are cancelled on purpose (cancel, lease lost, shutdown); anything else is the
             # loop itself going away.
@@ -376,6 +409,8 @@ class Worker:
         except asyncio.TimeoutError as error:
             # Since Python 3.11 wait_for's TimeoutError and one the job raised itself (a socket's, an inner
             # wait_for's) are the same class; only wait_for's comes at the job's time limit.
+            if context.stop_reason == "timeout":
+                return error, ""
             if task.timeout is None or time.monotonic() - began < task.timeout - 0.05:
                 return error, traceback.format_exc()
             context.stop("timeout")
@@ -400,6 +435,10 @@ class Worker:
         text = error_text(error, formatted)
         attempts = lease.row._mapping["attempts"]
         max_attempts = lease.row._mapping["max_attempts"]
+        if reason != "cancelled":
+            requested: set[int] = await self._call(self._store.cancel_requests, self.app.engine, [lease.key[0]])
+            if requested:
+                reason = "cancelled"  # asked to cancel before a heartbeat told this worker: no retry
         if reason == "cancelled":
             outcome, kept = "cancelled", await self._call(self._store.bury, self.app.engine, lease, text, CANCELLED)
         elif attempts < max_attempts and task.retry.retries(error) and reason != "shutdown":
@@ -440,11 +479,23 @@ class Worker:
         done, self._done = self._done, []
         for lease in done:
             self._held.pop(lease.key, None)
-        lost = await self._call(self._store.succeed, self.app.engine, done)
+        try:
+            lost = await self._call(self._store.succeed, self.app.engine, done)
+        except Exception as error:
+            # Kept (and renewed) until a later flush records them.
+            log.warning("recording %d successes failed, will try again: %s", len(done), error)
+            for lease in done:
+                self._held[lease.key] = lease
+            self._done.extend(done)
+            await asyncio.sleep(0.5)
+            return
         self.stats.succeeded += len(done) - len(lost)
         self.stats.lost += len(lost)
         if self.metrics is not None:
-            self.metrics.finished_many("succeeded", len(done) - len(lost))
+            lost_keys = {lease.key for lease in lost}
+            per_task = Counter(lease.row._mapping["task"] for lease in done if lease.key not in lost_keys)
+            for task_name, count in per_task.items():
+                self.metrics.finished(task_name, "succeeded", count)
         for lease in lost:
             log.warning(
                 "job %s finished, but its lease had been taken over: the outcome was not recorded", lease.key[0]
@@ -464,17 +515,25 @@ class Worker:
     async def _heartbeats(self) -> None:
         while True:
             await asyncio.sleep(self.heartbeat_seconds)
-            held = list(self._held.values())
-            if held:
-                lost = await self._call(self._store.renew, self.app.engine, held, self.lease_seconds)
-                for lease in lost:
-                    self._lose(lease)
-            running = list(self._running)
-            if running:
-                for job_id in await self._call(self._store.cancel_requests, self.app.engine, running):
-                    self._interrupt(job_id, "cancelled")
+            try:
+                await self._heartbeat()
+            except Exception as error:  # tried again at the next beat, well before the leases expire
+                log.warning("heartbeat failed, will try again: %s", error)
+
+    async def _heartbeat(self) -> None:
+        held = list(self._held.values())
+        if held:
+            lost = await self._call(self._store.renew, self.app.engine, held, self.lease_seconds)
+            for lease in lost:
+                self._lose(lease)
+        running = list(self._running)
+        if running:
+            for job_id in await self._call(self._store.cancel_requests, self.app.engine, running):
+                self._interrupt(job_id, "cancelled")
 
     def _lose(self, lease: Lease) -> None:
+        if self._held.get(lease.key) is not lease:
+            return  # finished (or claimed anew) while the renewal ran: nothing was lost
         log.warning("lost the lease on job %s (it expired and was taken over); stopping it here", lease.key[0])
         self._held.pop(lease.key, None)
         self._interrupt(lease.key[0], "lease lost")
@@ -524,8 +583,9 @@ class Worker:
             self._interrupt(job_id, "shutdown")
         await asyncio.wait(runners, timeout=1.0)
         await self._flush()
-        # Sync jobs still running past the grace period keep their lease; it expires when this process
-        # is gone, and the job runs again elsewhere.
+        # Sync jobs still running past the grace period cannot be stopped from here: their leases are no
+        # longer renewed, so another worker may run them again once they expire. `dibs worker` ends its
+        # process at this point, which stops them.
 
     def _install_signals(self) -> None:
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():

@@ -1,0 +1,88 @@
+"""Workers ride out database faults: connections killed under them, a job's outcome written late."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import sqlalchemy as sa
+
+import dibs
+from dibs.schema import jobs
+from tests.queue.conftest import QueueDatabase
+from tests.queue.support import job_rows, wait_until
+
+
+def kill_other_connections(qdb: QueueDatabase) -> int:
+    """Kill every other session on this test's database from the server side; returns how many."""
+    with qdb.new_engine().connect() as conn:
+        if qdb.family == "postgresql":
+            query = (
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            return int(conn.execute(sa.text(query)).scalar_one())
+        ids = conn.execute(
+            sa.text("SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()")
+        ).scalars()
+        killed = 0
+        for session in list(ids):
+            try:
+                conn.execute(sa.text(f"KILL CONNECTION {int(session)}"))
+                killed += 1
+            except sa.exc.DBAPIError:  # it ended by itself meanwhile
+                pass
+        return killed
+
+
+def test_a_worker_finishes_every_job_while_its_connections_are_killed(qdb: QueueDatabase) -> None:
+    if qdb.family == "sqlite":
+        pytest.skip("an embedded database has no server that could kill a connection")
+    app = qdb.app(notify=False)
+    ran: list[int] = []
+    lock = threading.Lock()
+
+    @app.task(name="work")
+    def work(n: int) -> None:
+        time.sleep(0.002)
+        with lock:
+            ran.append(n)
+
+    app.enqueue_many(work, [{"n": n} for n in range(600)])
+    running = qdb.start(app, concurrency=4, batch=20)
+    kills = 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(set(ran)) < 600:
+        time.sleep(0.15)
+        kills += kill_other_connections(qdb)
+    wait_until(
+        lambda: all(row.status == "succeeded" for row in job_rows(qdb.engine)),
+        timeout=60,
+        what="every job to be recorded succeeded after the kills",
+    )
+    assert kills > 0
+    assert set(ran) == set(range(600))
+    assert running.thread.is_alive(), "the worker gave up instead of reconnecting"
+    with qdb.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(jobs)).scalar_one() == 600
+
+
+def test_a_sync_job_past_its_timeout_is_not_run_again_while_its_thread_still_runs(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+    spans: list[tuple[float, float]] = []
+
+    @app.task(name="stubborn", timeout=0.3, max_attempts=2, retry=dibs.Retry(base=0.01, jitter=0))
+    def stubborn() -> None:
+        began = time.monotonic()
+        time.sleep(0.8)  # ignores the request to stop
+        spans.append((began, time.monotonic()))
+
+    job = app.enqueue(stubborn)
+    qdb.drain(app, concurrency=2)
+    (row,) = job_rows(qdb.engine, jobs.c.id == job.id)
+    assert (row.status, row.attempts) == ("dead", 2)
+    assert "timeout of 0.3 seconds" in row.last_error
+    assert len(spans) == 2
+    first, second = sorted(spans)
+    assert second[0] >= first[1], "the retry started while the timed-out run was still going"
