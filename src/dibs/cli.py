@@ -153,6 +153,17 @@ if click is not None:
             f"worker stopped: {stats.succeeded} succeeded, {stats.retried} retried, {stats.dead} dead, "
             f"{stats.cancelled} cancelled, {stats.released} released"
         )
+        if runner.abandoned:
+            # Their threads cannot be stopped and their leases are no longer renewed: ending the process
+            # now stops them, as a crash would, so that they do not run on beside a second run elsewhere.
+            click.echo(
+                f"{runner.abandoned} sync job(s) were still running past the grace period; they stop with "
+                "this process and run again once their leases expire",
+                err=True,
+            )
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(1)
 
     @command.command(help="Enqueue a job of TASK from APP, with ARGS as a JSON object.")
     @click.argument("app_spec", metavar="APP")

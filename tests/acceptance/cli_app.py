@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import dibs
@@ -19,3 +20,9 @@ def greet(name: str) -> None:
 @app.task(name="explode", max_attempts=1)
 def explode() -> None:
     raise RuntimeError("this job always fails")
+
+
+@app.task(name="sleepy")
+def sleepy(seconds: float) -> None:
+    Path(os.environ["DIBS_CLI_TEST_OUT"]).touch()
+    time.sleep(seconds)  # does not look at its context: only the end of the process stops it

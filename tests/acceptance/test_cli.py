@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -80,7 +82,7 @@ def test_init_enqueue_work_and_inspect(database: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["enqueue", APP, "nope"], "no task named 'nope' is registered; registered tasks: explode, greet"),
+        (["enqueue", APP, "nope"], "no task named 'nope' is registered; registered tasks: explode, greet, sleepy"),
         (["enqueue", APP, "greet", "not json"], "ARGS must be a JSON object"),
         (["enqueue", APP, "greet", '{"name": "x"}', "--delay", "-1"], "delay must not be negative"),
         (["enqueue", APP, "greet", '{"name": "x"}', "--queue", "elsewhere"], "no task is on queue 'elsewhere'"),
@@ -115,3 +117,27 @@ def test_commands_on_a_database_without_tables_or_out_of_reach_say_so(tmp_path: 
     assert away.returncode == 1
     assert "the database refused or could not be reached" in away.stderr
     assert "Traceback" not in away.stderr
+
+
+def test_sigterm_past_the_grace_period_ends_the_worker_process(database: str, tmp_path: Path) -> None:
+    assert dibs(database, tmp_path, "init").returncode == 0
+    assert dibs(database, tmp_path, "enqueue", APP, "sleepy", '{"seconds": 60}').returncode == 0
+    env = {**os.environ, "DIBS_DATABASE_URL": database, "DIBS_CLI_TEST_OUT": str(tmp_path / "started")}
+    worker = subprocess.Popen(
+        [DIBS, "worker", APP, "--grace", "0.5"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / "started").exists(), "the job never started"
+    stopping = time.monotonic()
+    worker.send_signal(signal.SIGTERM)
+    _, err = worker.communicate(timeout=20)
+    assert time.monotonic() - stopping < 10
+    assert worker.returncode == 1
+    assert "1 sync job(s) were still running past the grace period" in err

@@ -144,6 +144,8 @@ class Worker:
         self.metrics_port = metrics_port
         self.handle_signals = handle_signals
         self.stats = WorkerStats()
+        #: Sync jobs still running in their threads when the worker stopped (past the grace period).
+        self.abandoned = 0
         self.metrics: Metrics | None = None
         self._store = app.store
         self._stopping = threading.Event()
@@ -582,6 +584,7 @@ class Worker:
         for job_id in list(self._running):
             self._interrupt(job_id, "shutdown")
         await asyncio.wait(runners, timeout=1.0)
+        self.abandoned = sum(1 for running in self._running.values() if not running.task.is_async)
         await self._flush()
         # Sync jobs still running past the grace period cannot be stopped from here: their leases are no
         # longer renewed, so another worker may run them again once they expire. `dibs worker` ends its
