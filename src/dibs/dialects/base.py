@@ -308,11 +308,6 @@ def driver_autocommit(dbapi_connection: Any) -> bool:
     return False
 
 
-def key_positions(table: sa.Table) -> tuple[int, ...]:
-    """Where the primary-key columns stand among the table's columns (and so in a whole claimed row)."""
-    return positions_of(tuple(table.columns), tuple(table.primary_key.columns))
-
-
 def positions_of(columns: Sequence[sa.Column[Any]], wanted: Sequence[sa.Column[Any]]) -> tuple[int, ...]:
     """Where each of ``wanted`` stands among ``columns``."""
     names = [column.name for column in columns]

@@ -591,13 +591,7 @@ class Worker:
         # process at this point, which stops them.
 
     def _install_signals(self) -> None:
-        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
-            return
-        loop = self._loop
-        assert loop is not None
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(signum, self._on_signal, signum)
+        self._signals(install=True)
 
     def _on_signal(self, signum: int) -> None:
         log.info("worker %s got %s: stopping", self.name, signal.Signals(signum).name)
@@ -605,13 +599,20 @@ class Worker:
         self.stop(hurry=self.stopping)
 
     def _remove_signals(self) -> None:
+        self._signals(install=False)
+
+    def _signals(self, *, install: bool) -> None:
+        """SIGTERM and SIGINT stop the worker, when it runs in the main thread and was asked to."""
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
             return
         loop = self._loop
         assert loop is not None
         for signum in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.remove_signal_handler(signum)
+                if install:
+                    loop.add_signal_handler(signum, self._on_signal, signum)
+                else:
+                    loop.remove_signal_handler(signum)
 
     def _start_metrics(self) -> None:
         if self.metrics_port is None:
