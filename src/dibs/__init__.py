@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dibs._errors import (
+    BrokerUnavailable,
     Busy,
     DibsError,
     DibsWarning,
+    EventNotFound,
     FallbackWarning,
     InTransaction,
     InvalidArgument,
@@ -18,6 +20,7 @@ from dibs._errors import (
 from dibs.claim import aclaim, claim
 from dibs.engine import create_async_engine, create_engine
 from dibs.lease import Claimer, Lease, Leases, lease_columns
+from dibs.outbox import Outbox, OutboxEvent, OutboxStatus, Relay, RelayStats
 from dibs.queue import App, Job, JobContext, QueueStatus, Retry, Task, Worker, WorkerStats
 from dibs.schema import Timestamp, migrate
 
@@ -25,10 +28,12 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     "App",
+    "BrokerUnavailable",
     "Busy",
     "Claimer",
     "DibsError",
     "DibsWarning",
+    "EventNotFound",
     "FallbackWarning",
     "InTransaction",
     "InvalidArgument",
@@ -38,7 +43,12 @@ __all__ = [
     "Lease",
     "LeaseLost",
     "Leases",
+    "Outbox",
+    "OutboxEvent",
+    "OutboxStatus",
     "QueueStatus",
+    "Relay",
+    "RelayStats",
     "Retry",
     "SchemaMissing",
     "Task",

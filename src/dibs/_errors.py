@@ -10,7 +10,9 @@
     ├── Busy                SQLite stayed locked past its busy timeout
     ├── LeaseLost           the lease was taken over or finished; the write changed nothing
     ├── SchemaMissing       the database lacks the dibs tables, or has an older version of them
-    └── JobNotFound         (also a LookupError) no job with that id
+    ├── JobNotFound         (also a LookupError) no job with that id
+    ├── EventNotFound       (also a LookupError) no outbox event with that id
+    └── BrokerUnavailable   an outbox publisher could not reach its broker; nothing was confirmed
 
     DibsWarning             (a UserWarning)
     └── FallbackWarning     the server is too old for the fast path; a slower correct one is used
@@ -46,6 +48,17 @@ class SchemaMissing(DibsError):
 
 class JobNotFound(DibsError, LookupError):
     """No job with that id exists (it may have been purged)."""
+
+
+class EventNotFound(DibsError, LookupError):
+    """No outbox event with that id exists (it may have been purged)."""
+
+
+class BrokerUnavailable(DibsError):
+    """A publisher could not reach its broker (refused, timed out, dropped): nothing of the batch was confirmed.
+
+    The relay gives the batch back unpublished, counts no retry against its events, and tries again later.
+    """
 
 
 class InTransaction(DibsError):

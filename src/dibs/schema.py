@@ -5,6 +5,10 @@
 index of queued jobs only, so finished and future jobs never make it slower. MySQL and MariaDB have no
 partial indexes; there the status leads each index instead.
 
+``dibs_outbox`` holds the transactional outbox: events written in the caller's business transaction
+and published by relays, in order per aggregate. Its indexes are partial in the same way: the claim
+reads pending events only, and the check that an event heads its aggregate reads unfinished ones only.
+
 ``dibs_schema`` records which migrations have run. :func:`migrate` runs the missing ones in order;
 ``dibs init`` calls it.
 """
@@ -39,7 +43,16 @@ STATES = (*LIVE, *FINISHED)
 #: Text of any length (MySQL's TEXT stops at 64 KiB).
 _LongText = sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
+#: Outbox event states. A ``failed`` event waits for its next attempt and is moved back to ``pending``
+#: when that time comes; after its last retry it is ``abandoned``, with the error kept.
+PENDING, PROCESSING, PUBLISHED = "pending", "processing", "published"
+FAILED, ABANDONED = "failed", "abandoned"
+EVENT_STATES = (PENDING, PROCESSING, FAILED, ABANDONED, PUBLISHED)
+#: The target an event goes to when none is named.
+DEFAULT_TARGET = "default"
+
 JOBS = "dibs_jobs"
+OUTBOX = "dibs_outbox"
 SCHEMA = "dibs_schema"
 
 metadata = sa.MetaData()
@@ -128,6 +141,55 @@ _partial(
     [],
 )
 
+outbox = sa.Table(
+    OUTBOX,
+    metadata,
+    sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
+    # The broker (or relay) the event is meant for: relays take the events of their target only.
+    sa.Column("target", sa.String(100), nullable=False, server_default=DEFAULT_TARGET),
+    sa.Column("aggregate_type", sa.String(200), nullable=False),
+    sa.Column("aggregate_id", sa.String(200), nullable=False),
+    sa.Column("event_type", sa.String(200), nullable=False),
+    sa.Column("payload", _LongText, nullable=False),
+    sa.Column("headers", sa.Text, nullable=True),
+    sa.Column("status", sa.String(16), nullable=False, server_default=PENDING),
+    sa.Column("created_at", Timestamp, nullable=False),
+    sa.Column("next_attempt_at", Timestamp, nullable=True),
+    # Failed publishes so far; claims so far (a relay that dies mid-batch counts a claim, not a failure).
+    sa.Column("retry_count", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
+    sa.Column("lease_owner", sa.String(200), nullable=True),
+    sa.Column("lease_expires_at", Timestamp, nullable=True),
+    sa.Column("lease_token", sa.BigInteger, nullable=False, server_default="0"),
+    sa.Column("last_error", _LongText, nullable=True),
+    sa.Column("published_at", Timestamp, nullable=True),
+)
+
+# The claim: pending events of a target in creation order.
+_partial("dibs_outbox_claim", [outbox.c.target, outbox.c.id], "status = 'pending'", [outbox.c.status])
+# Whether an event heads its aggregate: the aggregate's unfinished events, oldest first. Without a partial
+# index the status goes after the aggregate, so the check skips the aggregate's published events.
+_aggregate = [outbox.c.target, outbox.c.aggregate_type, outbox.c.aggregate_id]
+sa.Index(
+    "dibs_outbox_aggregate",
+    *_aggregate,
+    outbox.c.id,
+    postgresql_where=sa.text("status IN ('pending', 'processing', 'failed', 'abandoned')"),
+    sqlite_where=sa.text("status IN ('pending', 'processing', 'failed', 'abandoned')"),
+).ddl_if(callable_=_has_partial)
+sa.Index("dibs_outbox_aggregate_full", *_aggregate, outbox.c.status, outbox.c.id).ddl_if(callable_=_lacks_partial)
+# Failed events whose next attempt has come.
+_partial("dibs_outbox_due", [outbox.c.next_attempt_at], "status = 'failed'", [outbox.c.status])
+# Leases of relays that died (see dibs_jobs_expiry for why the predicate says more than the status).
+_partial(
+    "dibs_outbox_expiry",
+    [outbox.c.lease_expires_at],
+    "status = 'processing' AND lease_expires_at IS NOT NULL",
+    [outbox.c.status],
+)
+# Retention sweeps.
+_partial("dibs_outbox_published", [outbox.c.published_at], "status = 'published'", [outbox.c.status])
+
 schema_versions = sa.Table(
     SCHEMA,
     metadata,
@@ -149,7 +211,16 @@ def _create_jobs(conn: Connection) -> None:
     jobs.create(conn, checkfirst=True)
 
 
-MIGRATIONS: tuple[Migration, ...] = (Migration(version=1, description="the jobs table", apply=_create_jobs),)
+def _create_outbox(conn: Connection) -> None:
+    outbox.create(conn, checkfirst=True)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(version=1, description="the jobs table", apply=_create_jobs),
+    Migration(version=2, description="the outbox table", apply=_create_outbox),
+)
+#: The schema version this dibs needs.
+LATEST = max(step.version for step in MIGRATIONS)
 
 
 def current_version(bind: Engine | Connection) -> int:

@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 import dibs
-from dibs.schema import MIGRATIONS, Migration, current_version, require_current
+from dibs.schema import LATEST, MIGRATIONS, Migration, current_version, require_current
 from tests.queue.conftest import QueueDatabase
 from tests.queue.support import database_now, job_rows, wait_until
 
@@ -31,18 +31,44 @@ def empty_db(empty_url: sa.URL) -> Iterator[QueueDatabase]:
         database.close()
 
 
+#: Every version this dibs has, in order.
+VERSIONS = [step.version for step in MIGRATIONS]
+
+
 def test_migrate_creates_the_tables_once(empty_db: QueueDatabase) -> None:
     engine = empty_db.engine
     assert current_version(engine) == 0
-    assert [step.version for step in dibs.migrate(engine)] == [1]
-    assert current_version(engine) == 1
+    assert [step.version for step in dibs.migrate(engine)] == VERSIONS == [1, 2]
+    assert current_version(engine) == LATEST
     assert dibs.migrate(engine) == []
     assert empty_db.app().init() == []
-    assert {"dibs_jobs", "dibs_schema"} <= set(sa.inspect(engine).get_table_names())
+    assert {"dibs_jobs", "dibs_outbox", "dibs_schema"} <= set(sa.inspect(engine).get_table_names())
     require_current(engine)
     with engine.connect() as conn:
         applied = conn.execute(sa.select(dibs.schema.schema_versions)).all()
-    assert [row.version for row in applied] == [1]
+    assert [row.version for row in applied] == VERSIONS
+
+
+def test_a_version_1_database_with_jobs_gains_the_outbox(empty_db: QueueDatabase) -> None:
+    """A database made by a dibs before the outbox: its jobs stay, the outbox table is added."""
+    engine = empty_db.engine
+    assert [step.version for step in dibs.migrate(engine, MIGRATIONS[:1])] == [1]
+    assert "dibs_outbox" not in sa.inspect(engine).get_table_names()
+    app = empty_db.app()
+
+    @app.task(name="work.do")
+    def do(n: int) -> None: ...
+
+    kept = app.enqueue(do, {"n": 1})
+    with pytest.raises(dibs.SchemaMissing, match=f"has dibs schema version 1, this dibs needs {LATEST}"):
+        require_current(engine)
+    assert [step.version for step in dibs.migrate(engine)] == [2]
+    assert "dibs_outbox" in sa.inspect(engine).get_table_names()
+    assert app.get(kept.id).status == "queued"
+    outbox = dibs.Outbox(engine)
+    with engine.begin() as conn:
+        outbox.add(conn, "order", 1, "order.placed", {"total": 5})
+    assert [event.event_type for event in outbox.events(status="pending")] == ["order.placed"]
 
 
 def migrate_at_once(db: QueueDatabase, count: int) -> tuple[list[int], list[BaseException]]:
@@ -73,9 +99,9 @@ def test_processes_migrating_at_once_all_succeed_and_apply_each_step_once(empty_
         dibs.schema.metadata.drop_all(empty_db.engine)
         applied, errors = migrate_at_once(empty_db, 3)
         assert errors == []
-        assert applied == [1]
+        assert sorted(applied) == VERSIONS
         with empty_db.engine.connect() as conn:
-            assert conn.execute(sa.select(dibs.schema.schema_versions.c.version)).scalars().all() == [1]
+            assert conn.execute(sa.select(dibs.schema.schema_versions.c.version)).scalars().all() == VERSIONS
     require_current(empty_db.engine)
 
 
@@ -90,7 +116,7 @@ def test_a_worker_on_a_database_without_the_tables_says_to_run_dibs_init(empty_d
         empty_db.worker(app, burst=True).run()
     leftover = {thread for thread in threading.enumerate() if thread.name.startswith("dibs-")} - before
     assert not leftover, f"the failed worker left threads running: {leftover}"
-    assert app.init() == [1]
+    assert app.init() == VERSIONS
     empty_db.drain(app)
 
 
@@ -98,26 +124,28 @@ def _add_note(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE dibs_jobs ADD COLUMN note VARCHAR(50)"))
 
 
-def test_a_newer_migration_upgrades_a_version_1_database(empty_db: QueueDatabase) -> None:
+def test_a_newer_migration_upgrades_a_current_database(empty_db: QueueDatabase) -> None:
     engine = empty_db.engine
-    step_2 = Migration(version=2, description="a note on each job", apply=_add_note)
-    newer = (*MIGRATIONS, step_2)
-    assert [step.version for step in dibs.migrate(engine)] == [1]
+    step_next = Migration(version=LATEST + 1, description="a note on each job", apply=_add_note)
+    newer = (*MIGRATIONS, step_next)
+    assert [step.version for step in dibs.migrate(engine)] == VERSIONS
     app = empty_db.app()
 
     @app.task(name="work.do")
     def do(n: int) -> None: ...
 
     kept = app.enqueue(do, {"n": 1})
-    with pytest.raises(dibs.SchemaMissing, match="has dibs schema version 1, this dibs needs 2; run `dibs init"):
+    with pytest.raises(
+        dibs.SchemaMissing, match=f"has dibs schema version {LATEST}, this dibs needs {LATEST + 1}; run `dibs init"
+    ):
         require_current(engine, newer)
 
-    assert dibs.migrate(engine, newer) == [step_2]
-    assert current_version(engine) == 2
+    assert dibs.migrate(engine, newer) == [step_next]
+    assert current_version(engine) == LATEST + 1
     assert "note" in {column["name"] for column in sa.inspect(engine).get_columns("dibs_jobs")}
     assert dibs.migrate(engine, newer) == []
     require_current(engine, newer)
-    require_current(engine)  # code that needs version 1 runs on a version-2 database
+    require_current(engine)  # code that needs the current version runs on a newer database
     # The jobs enqueued before the upgrade are still there, and the queue works on the upgraded table.
     assert app.get(kept.id).status == "queued"
     empty_db.drain(app)
@@ -129,14 +157,14 @@ def test_a_failed_migration_is_not_recorded_and_runs_again(empty_db: QueueDataba
     dibs.migrate(engine)
 
     def broken(conn: Connection) -> None:
-        raise RuntimeError("migration 2 failed")
+        raise RuntimeError(f"migration {LATEST + 1} failed")
 
-    with pytest.raises(RuntimeError, match="migration 2 failed"):
-        dibs.migrate(engine, (*MIGRATIONS, Migration(version=2, description="broken", apply=broken)))
-    assert current_version(engine) == 1
-    step_2 = Migration(version=2, description="a note on each job", apply=_add_note)
-    assert dibs.migrate(engine, (*MIGRATIONS, step_2)) == [step_2]
-    assert current_version(engine) == 2
+    with pytest.raises(RuntimeError, match="migration 3 failed"):
+        dibs.migrate(engine, (*MIGRATIONS, Migration(version=LATEST + 1, description="broken", apply=broken)))
+    assert current_version(engine) == LATEST
+    step_next = Migration(version=LATEST + 1, description="a note on each job", apply=_add_note)
+    assert dibs.migrate(engine, (*MIGRATIONS, step_next)) == [step_next]
+    assert current_version(engine) == LATEST + 1
 
 
 # -- retention and status ------------------------------------------------------------------------------
@@ -287,7 +315,8 @@ def test_migrations_record_when_they_ran_in_utc_whatever_the_session_time_zone(e
             conn.execute(sa.text("SET time_zone = '+05:00'"))
         conn.commit()
         dibs.migrate(conn)
-        (applied_at,) = conn.execute(sa.select(dibs.schema.schema_versions.c.applied_at)).scalars()
-    if applied_at.tzinfo is None:
-        applied_at = applied_at.replace(tzinfo=timezone.utc)
-    assert abs(applied_at - database_now(engine)) < timedelta(minutes=1)
+        moments = conn.execute(sa.select(dibs.schema.schema_versions.c.applied_at)).scalars().all()
+    assert len(moments) == LATEST
+    for applied_at in moments:
+        aware = applied_at if applied_at.tzinfo is not None else applied_at.replace(tzinfo=timezone.utc)
+        assert abs(aware - database_now(engine)) < timedelta(minutes=1)

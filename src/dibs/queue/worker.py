@@ -36,6 +36,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from dibs._errors import InvalidArgument
+from dibs._signals import handle_stop_signals
 from dibs.dialects.base import Listener
 from dibs.lease import Lease
 from dibs.queue.job import JobContext
@@ -603,16 +604,9 @@ class Worker:
 
     def _signals(self, *, install: bool) -> None:
         """SIGTERM and SIGINT stop the worker, when it runs in the main thread and was asked to."""
-        if not self.handle_signals or threading.current_thread() is not threading.main_thread():
-            return
-        loop = self._loop
-        assert loop is not None
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                if install:
-                    loop.add_signal_handler(signum, self._on_signal, signum)
-                else:
-                    loop.remove_signal_handler(signum)
+        if self.handle_signals:
+            assert self._loop is not None
+            handle_stop_signals(self._loop, self._on_signal, install=install)
 
     def _start_metrics(self) -> None:
         if self.metrics_port is None:

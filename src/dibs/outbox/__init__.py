@@ -1,0 +1,18 @@
+"""The transactional outbox: events written in the caller's business transaction, published by relays
+to a broker at least once, in order per aggregate and in parallel across aggregates."""
+
+from dibs.outbox.events import OutboxEvent
+from dibs.outbox.outbox import Outbox, OutboxStatus
+from dibs.outbox.publishers import BrokerUnavailable, Publisher, publisher_for
+from dibs.outbox.relay import Relay, RelayStats
+
+__all__ = [
+    "BrokerUnavailable",
+    "Outbox",
+    "OutboxEvent",
+    "OutboxStatus",
+    "Publisher",
+    "Relay",
+    "RelayStats",
+    "publisher_for",
+]

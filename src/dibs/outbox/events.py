@@ -1,0 +1,196 @@
+"""Outbox events: what is written (checked in full before anything is), and what is read back.
+
+An event is checked before anything is written, so a bad one (a payload that is not JSON, an empty
+aggregate id, headers that are not strings) raises :class:`~dibs.InvalidArgument` and nothing of the
+call is stored. Events go in with one multi-row INSERT, on the caller's connection, in its transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from functools import cached_property
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Row
+
+from dibs._errors import InvalidArgument
+from dibs.dialects import Backend, backend_for
+from dibs.schema import DEFAULT_TARGET, PENDING, outbox
+
+_NAME_LIMIT = {"target": 100, "aggregate_type": 200, "aggregate_id": 200, "event_type": 200}
+#: The arguments an event is made of, as add() takes them and add_many() takes them in each mapping.
+EVENT_FIELDS = ("aggregate_type", "aggregate_id", "event_type", "payload", "headers", "target")
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutboxEvent:
+    """One event as stored: what a publisher sends, and what inspection shows.
+
+    ``payload_json`` is the payload as it was written (JSON text); :attr:`payload` decodes it.
+    """
+
+    id: int
+    target: str
+    aggregate_type: str
+    aggregate_id: str
+    event_type: str
+    payload_json: str
+    headers: dict[str, str]
+    created_at: datetime
+    status: str = PENDING
+    retry_count: int = 0
+    attempts: int = 0
+    next_attempt_at: datetime | None = None
+    last_error: str | None = None
+    published_at: datetime | None = None
+
+    @cached_property
+    def payload(self) -> Any:
+        """The payload, decoded from JSON."""
+        return json.loads(self.payload_json)
+
+    @classmethod
+    def from_row(cls, row: Row[Any], *, status: str | None = None) -> OutboxEvent:
+        """The event a row of the outbox table holds (all its columns, or those a claim returns)."""
+        values = row._mapping
+        names = values.keys()
+        optional = {
+            name: values[name]
+            for name in ("status", "retry_count", "attempts", "last_error")
+            if name in names and values[name] is not None
+        }
+        for name in ("next_attempt_at", "published_at"):
+            if name in names:
+                optional[name] = _aware(values[name])
+        if status is not None:
+            optional["status"] = status
+        return cls(
+            id=values["id"],
+            target=values["target"],
+            aggregate_type=values["aggregate_type"],
+            aggregate_id=values["aggregate_id"],
+            event_type=values["event_type"],
+            payload_json=values["payload"],
+            headers=json.loads(values["headers"]) if values["headers"] else {},
+            created_at=_aware(values["created_at"]),  # type: ignore[arg-type]
+            **optional,
+        )
+
+
+def _aware(moment: datetime | None) -> datetime | None:
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=timezone.utc)
+
+
+def new_event(
+    *,
+    aggregate_type: str,
+    aggregate_id: str | int,
+    event_type: str,
+    payload: Any,
+    headers: Mapping[str, str] | None = None,
+    target: str | None = None,
+    max_payload_bytes: int,
+) -> dict[str, Any]:
+    """The column values of one event; InvalidArgument saying what to change for the first bad argument."""
+    if isinstance(aggregate_id, int) and not isinstance(aggregate_id, bool):
+        aggregate_id = str(aggregate_id)
+    names = {
+        "target": DEFAULT_TARGET if target is None else target,
+        "aggregate_type": aggregate_type,
+        "aggregate_id": aggregate_id,
+        "event_type": event_type,
+    }
+    for name, value in names.items():
+        limit = _NAME_LIMIT[name]
+        if not isinstance(value, str) or not 0 < len(value) <= limit or value != value.strip():
+            raise InvalidArgument(
+                f"{name} must be a non-empty string of at most {limit} characters without surrounding spaces, "
+                f"got {value!r}"
+            )
+    try:
+        encoded = json.dumps(payload, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(
+            f"the payload of a {event_type!r} event is not JSON ({exc}); pass only str, int, float, bool, None, "
+            "lists and dicts, and turn other values (dates, decimals, objects) into one of those first"
+        ) from exc
+    size = len(encoded.encode())
+    if size > max_payload_bytes:
+        raise InvalidArgument(
+            f"the payload of a {event_type!r} event takes {size:,} bytes as JSON, over the limit of "
+            f"{max_payload_bytes:,}; publish a reference to large data instead, or raise Outbox(max_payload_bytes=)"
+        )
+    if headers is not None and (
+        not isinstance(headers, Mapping)
+        or not all(isinstance(key, str) and key and isinstance(value, str) for key, value in headers.items())
+    ):
+        raise InvalidArgument(f"headers must be a dict of non-empty string names to string values, got {headers!r}")
+    return {
+        **names,
+        "payload": encoded,
+        "headers": json.dumps(dict(headers), separators=(",", ":")) if headers else None,
+    }
+
+
+def event_from(fields: Mapping[str, Any], max_payload_bytes: int) -> dict[str, Any]:
+    """new_event() from a mapping of add()'s argument names, as add_many() takes them."""
+    if not isinstance(fields, Mapping):
+        raise InvalidArgument(
+            f"add_many takes a list of dicts with the keys {', '.join(EVENT_FIELDS)}; got a {type(fields).__name__}"
+        )
+    unknown = set(fields) - set(EVENT_FIELDS)
+    missing = {"aggregate_type", "aggregate_id", "event_type", "payload"} - set(fields)
+    if unknown or missing:
+        problem = f"unknown keys {sorted(unknown)}" if unknown else f"missing keys {sorted(missing)}"
+        raise InvalidArgument(f"an event has {problem}; an event's keys are {', '.join(EVENT_FIELDS)}")
+    return new_event(**fields, max_payload_bytes=max_payload_bytes)
+
+
+#: INSERT statements by (backend, returning ids): building one costs more than running it.
+_statements: dict[tuple[str, bool], sa.Insert] = {}
+
+
+def _statement(backend: Backend, returning: bool) -> sa.Insert:
+    key = (backend.name, returning)
+    statement = _statements.get(key)
+    if statement is None:
+        statement = sa.insert(outbox).values(
+            {
+                **{name: sa.bindparam(name, type_=outbox.c[name].type) for name in EVENT_FIELDS},
+                "status": PENDING,
+                "created_at": backend.now(),
+            }
+        )
+        if returning:
+            statement = statement.returning(outbox.c.id, sort_by_parameter_order=True)
+        _statements[key] = statement
+    return statement
+
+
+def insert_events(conn: Connection, events: Sequence[dict[str, Any]], notify_channel: str | None) -> list[int]:
+    """Insert checked events on ``conn`` (in its transaction); returns their ids, in order."""
+    if not events:
+        return []
+    backend = backend_for(conn.dialect)
+    dialect = conn.dialect
+    if len(events) == 1 and dialect.insert_returning:
+        ids = [conn.execute(_statement(backend, True), events[0]).scalar_one()]
+    elif dialect.insert_returning and dialect.insert_executemany_returning_sort_by_parameter_order:
+        ids = list(conn.execute(_statement(backend, True), list(events)).scalars())
+    else:
+        statement = _statement(backend, False)
+        ids = []
+        for values in events:
+            key = conn.execute(statement, values).inserted_primary_key
+            assert key is not None
+            ids.append(int(key[0]))
+    notify = backend.notify(notify_channel) if notify_channel else None
+    if notify is not None:
+        conn.execute(notify, {"dibs_payload": ",".join(sorted({event["target"] for event in events}))})
+    return ids

@@ -1,0 +1,358 @@
+"""The Outbox: events written in the caller's business transaction, and everything done to them from
+outside a relay.
+
+::
+
+    outbox = dibs.Outbox("postgresql+psycopg://localhost/shop")
+
+    with engine.begin() as conn:                        # the business change and its event commit together
+        conn.execute(orders.insert(), {"id": 42, "total": 990})
+        outbox.add(conn, "order", 42, "order.placed", {"total": 990})
+
+    outbox.relay("redis://localhost:6379/0").run()      # publishes them, in order per order
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING, Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from dibs._errors import EventNotFound, InvalidArgument
+from dibs.dialects import backend_for
+from dibs.dialects.base import moment
+from dibs.engine import connected, create_engine
+from dibs.outbox.events import OutboxEvent, event_from, insert_events, new_event
+from dibs.outbox.store import FailedHead, OutboxStore, checked_policy
+from dibs.queue.app import database_url
+from dibs.queue.retry import Retry
+from dibs.schema import ABANDONED, EVENT_STATES, FAILED, PENDING, PUBLISHED, migrate, outbox
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+    from sqlalchemy.orm import Session
+
+    from dibs.outbox.publishers import Publisher
+    from dibs.outbox.relay import Relay
+
+#: PostgreSQL wakes idle relays on this channel when events are added (the payload names their targets).
+CHANNEL = "dibs_outbox"
+#: How a failed publish is retried unless the Outbox is told otherwise: 1 s, 2 s, 4 s ... up to 5 minutes.
+DEFAULT_RETRY = Retry(base=1.0, factor=2.0, cap=300.0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutboxStatus:
+    """How one target stands: events per state, how long the oldest pending event has waited, and how many
+    were published per second over the last minute."""
+
+    target: str
+    counts: dict[str, int]
+    oldest_pending_seconds: float | None
+    published_per_second: float
+
+
+class Outbox:
+    """The outbox table of one database (an Engine, a URL, or by default ``$DIBS_DATABASE_URL`` or the SQLite
+    file ``dibs.sqlite``).
+
+    ``on_failed_head``: ``block`` (the default) holds an aggregate's later events while its oldest one
+    fails and retries, and after it is abandoned until it is requeued; ``skip`` lets them go ahead.
+    ``max_retries``: failed publishes of one event before it is abandoned, its last error kept.
+    ``retry``: the backoff between them. ``notify``: wake PostgreSQL relays when events are added.
+    """
+
+    def __init__(
+        self,
+        db: str | Engine | None = None,
+        *,
+        on_failed_head: FailedHead = "block",
+        max_retries: int = 10,
+        retry: Retry = DEFAULT_RETRY,
+        max_payload_bytes: int = 1_000_000,
+        notify: bool = True,
+    ) -> None:
+        if isinstance(db, Engine):
+            self._engine: Engine | None = db
+            self.url = db.url.render_as_string(hide_password=True)
+        else:
+            self._engine = None
+            self.url = database_url(db)
+        self.on_failed_head = checked_policy(on_failed_head)
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise InvalidArgument(f"max_retries must be a whole number >= 0, got {max_retries!r}")
+        if not isinstance(retry, Retry):
+            raise InvalidArgument(f"retry must be a dibs.Retry, got {retry!r}")
+        if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:
+            raise InvalidArgument(f"max_payload_bytes must be a positive whole number, got {max_payload_bytes!r}")
+        self.max_retries = max_retries
+        self.retry = retry
+        self.max_payload_bytes = max_payload_bytes
+        self.notify = notify
+        self._store: OutboxStore | None = None
+
+    # -- database ----------------------------------------------------------------------------------
+
+    @property
+    def engine(self) -> Engine:
+        """The Engine the outbox lives in, created on first use."""
+        if self._engine is None:
+            self._engine = create_engine(self.url)
+        return self._engine
+
+    @property
+    def store(self) -> OutboxStore:
+        if self._store is None:
+            self._store = OutboxStore(self.engine, self.on_failed_head)
+        return self._store
+
+    def init(self) -> list[int]:
+        """Create or upgrade the dibs tables; returns the versions applied (none when up to date)."""
+        return [step.version for step in migrate(self.engine)]
+
+    # -- add ---------------------------------------------------------------------------------------
+
+    def add(
+        self,
+        conn: Connection | Session,
+        aggregate_type: str,
+        aggregate_id: str | int,
+        event_type: str,
+        payload: Any,
+        *,
+        headers: Mapping[str, str] | None = None,
+        target: str | None = None,
+    ) -> int:
+        """Write one event in ``conn``'s transaction (a Connection or an ORM Session); returns its id.
+
+        The event is published once that transaction commits, and never if it rolls back. ``payload`` is
+        anything JSON can hold; ``headers`` string pairs passed to the broker; ``target`` the relay's target.
+        """
+        event = new_event(
+            aggregate_type=aggregate_type,
+            aggregate_id=aggregate_id,
+            event_type=event_type,
+            payload=payload,
+            headers=headers,
+            target=target,
+            max_payload_bytes=self.max_payload_bytes,
+        )
+        return self._write(conn, [event])[0]
+
+    def add_many(self, conn: Connection | Session, events: Iterable[Mapping[str, Any]]) -> list[int]:
+        """Write many events (dicts with add()'s argument names) in one round trip; all or none."""
+        return self._write(conn, self._checked(events))
+
+    async def aadd(
+        self,
+        conn: AsyncConnection | AsyncSession,
+        aggregate_type: str,
+        aggregate_id: str | int,
+        event_type: str,
+        payload: Any,
+        *,
+        headers: Mapping[str, str] | None = None,
+        target: str | None = None,
+    ) -> int:
+        """add() for asyncio, in an AsyncConnection's or AsyncSession's transaction."""
+        event = new_event(
+            aggregate_type=aggregate_type,
+            aggregate_id=aggregate_id,
+            event_type=event_type,
+            payload=payload,
+            headers=headers,
+            target=target,
+            max_payload_bytes=self.max_payload_bytes,
+        )
+        return (await self._awrite(conn, [event]))[0]
+
+    async def aadd_many(self, conn: AsyncConnection | AsyncSession, events: Iterable[Mapping[str, Any]]) -> list[int]:
+        """add_many() for asyncio."""
+        return await self._awrite(conn, self._checked(events))
+
+    def _checked(self, events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        if isinstance(events, (Mapping, str, bytes)):
+            raise InvalidArgument("add_many takes a list of event dicts; for one event use add")
+        return [event_from(fields, self.max_payload_bytes) for fields in events]
+
+    def _channel(self) -> str | None:
+        return CHANNEL if self.notify else None
+
+    def _write(self, conn: Any, events: list[dict[str, Any]]) -> list[int]:
+        if isinstance(conn, Engine):
+            with conn.begin() as connection:
+                return insert_events(connection, events, self._channel())
+        if isinstance(conn, Connection):
+            if conn.in_transaction():
+                return insert_events(conn, events, self._channel())
+            with conn.begin():
+                return insert_events(conn, events, self._channel())
+        connection_of = getattr(conn, "connection", None)
+        if callable(connection_of) and not asyncio.iscoroutinefunction(connection_of):
+            # An ORM Session: join its transaction; the caller commits.
+            return insert_events(connection_of(), events, self._channel())
+        raise InvalidArgument(
+            "add() writes in the caller's transaction: pass a SQLAlchemy Connection or Session (AsyncConnection "
+            f"or AsyncSession to aadd()), got {type(conn).__name__}"
+        )
+
+    async def _awrite(self, conn: Any, events: list[dict[str, Any]]) -> list[int]:
+        run_sync = getattr(conn, "run_sync", None)
+        if run_sync is None:
+            raise InvalidArgument(
+                f"aadd() writes in the caller's transaction: pass an AsyncConnection or AsyncSession, "
+                f"got {type(conn).__name__}"
+            )
+        ids: list[int] = await run_sync(lambda sync: self._write(sync, events))
+        return ids
+
+    # -- inspection --------------------------------------------------------------------------------
+
+    def get(self, event_id: int) -> OutboxEvent:
+        """The event with this id; EventNotFound if there is none."""
+        with connected(self.engine) as conn:
+            row = conn.execute(sa.select(outbox).where(outbox.c.id == event_id)).first()
+        if row is None:
+            raise EventNotFound(f"there is no outbox event {event_id} (it may have been purged)")
+        return OutboxEvent.from_row(row)
+
+    def events(
+        self,
+        *,
+        status: str | Sequence[str] | None = None,
+        target: str | None = None,
+        aggregate_type: str | None = None,
+        aggregate_id: str | int | None = None,
+        limit: int = 50,
+        newest_first: bool = False,
+    ) -> list[OutboxEvent]:
+        """Events in creation order (or newest first), filtered by state(s), target and aggregate."""
+        query = sa.select(outbox).order_by(outbox.c.id.desc() if newest_first else outbox.c.id).limit(limit)
+        if status is not None:
+            query = query.where(outbox.c.status.in_(_states(status)))
+        if target is not None:
+            query = query.where(outbox.c.target == target)
+        if aggregate_type is not None:
+            query = query.where(outbox.c.aggregate_type == aggregate_type)
+        if aggregate_id is not None:
+            query = query.where(outbox.c.aggregate_id == str(aggregate_id))
+        with connected(self.engine) as conn:
+            return [OutboxEvent.from_row(row) for row in conn.execute(query)]
+
+    def status(self) -> list[OutboxStatus]:
+        """Per target: events per state, the oldest pending event's wait, and recent throughput."""
+        backend = backend_for(self.engine.dialect)
+        with connected(self.engine) as conn:
+            now = _aware(conn.execute(sa.select(backend.now())).scalar_one())
+            counts = conn.execute(
+                sa.select(outbox.c.target, outbox.c.status, sa.func.count()).group_by(outbox.c.target, outbox.c.status)
+            ).all()
+            oldest = dict(
+                conn.execute(
+                    sa.select(outbox.c.target, sa.func.min(outbox.c.created_at))
+                    .where(outbox.c.status == PENDING)
+                    .group_by(outbox.c.target)
+                ).all()
+            )
+            recent: dict[str, int] = dict(
+                conn.execute(
+                    sa.select(outbox.c.target, sa.func.count())
+                    .where(outbox.c.status == PUBLISHED, outbox.c.published_at >= moment(backend, -60.0))
+                    .group_by(outbox.c.target)
+                ).all()
+            )
+        per_target: dict[str, dict[str, int]] = {}
+        for target, state, count in counts:
+            per_target.setdefault(target, dict.fromkeys(EVENT_STATES, 0))[state] = count
+        return [
+            OutboxStatus(
+                target=target,
+                counts=per_target[target],
+                oldest_pending_seconds=(
+                    max(0.0, (now - _aware(oldest[target])).total_seconds()) if oldest.get(target) else None
+                ),
+                published_per_second=recent.get(target, 0) / 60.0,
+            )
+            for target in sorted(per_target)
+        ]
+
+    # -- upkeep by hand ----------------------------------------------------------------------------
+
+    def requeue(
+        self,
+        ids: Iterable[int] | None = None,
+        *,
+        status: str | Sequence[str] = (FAILED, ABANDONED),
+        target: str | None = None,
+    ) -> int:
+        """Make failed or abandoned events (those of ``ids``, or all of them) pending again, their retries
+        counted from zero and their last error kept until they are published; returns how many."""
+        wanted = _states(status)
+        wrong = set(wanted) - {FAILED, ABANDONED}
+        if wrong:
+            raise InvalidArgument(f"only failed or abandoned events can be requeued, not {sorted(wrong)}")
+        change = (
+            sa.update(outbox)
+            .where(outbox.c.status.in_(wanted))
+            .values(status=PENDING, retry_count=0, next_attempt_at=None)
+        )
+        if target is not None:
+            change = change.where(outbox.c.target == target)
+        chosen = None if ids is None else [_event_id(value) for value in ids]
+        if chosen is not None and not chosen:
+            return 0
+        with self.engine.begin() as conn:
+            if chosen is None:
+                return int(conn.execute(change).rowcount)
+            return sum(
+                int(conn.execute(change.where(outbox.c.id.in_(chosen[i : i + 1000]))).rowcount)
+                for i in range(0, len(chosen), 1000)
+            )
+
+    def purge(self, *, older_than: timedelta = timedelta(0)) -> int:
+        """Delete events published more than ``older_than`` ago; returns how many."""
+        total = 0
+        while purged := self.store.purge(self.engine, older_than):
+            total += purged
+        return total
+
+    def discard(self, ids: Iterable[int]) -> int:
+        """Delete abandoned events for good (under ``block``, this lets their aggregates go on); returns how many."""
+        chosen = [_event_id(value) for value in ids]
+        if not chosen:
+            return 0
+        with self.engine.begin() as conn:
+            return int(
+                conn.execute(sa.delete(outbox).where(outbox.c.id.in_(chosen), outbox.c.status == ABANDONED)).rowcount
+            )
+
+    # -- relays ------------------------------------------------------------------------------------
+
+    def relay(self, publisher: Publisher | str, **options: Any) -> Relay:
+        """A relay publishing this outbox's events; options as for :class:`dibs.Relay`."""
+        from dibs.outbox.relay import Relay
+
+        return Relay(self, publisher, **options)
+
+
+def _states(status: str | Sequence[str]) -> list[str]:
+    wanted = [status] if isinstance(status, str) else list(status)
+    unknown = set(wanted) - set(EVENT_STATES)
+    if unknown or not wanted:
+        raise InvalidArgument(f"unknown outbox event state {sorted(unknown)}; states are {', '.join(EVENT_STATES)}")
+    return wanted
+
+
+def _event_id(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument(f"event ids are whole numbers, got {value!r}")
+    return value
+
+
+def _aware(when: datetime) -> datetime:
+    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)

@@ -1,0 +1,170 @@
+"""The outbox's reads and writes for relays, all through claim and fenced leases.
+
+* claim: pending events of one target, oldest first, each the head of its aggregate: no older event
+  of the aggregate is still unfinished (pending, failed or abandoned, as the policy says) and none is
+  being published. Events of one aggregate are then published one at a time, in creation order, by
+  however many relays; different aggregates go in parallel.
+* finish: published (in batches, one token-fenced statement each), failed (retried after a backoff),
+  abandoned after the last retry, or released unpublished (the broker could not be reached).
+* upkeep, apart from the claim: failed events whose next attempt came are pending again, events held
+  by a relay that died are pending again once its lease expired, and published events are purged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import Literal
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from dibs._errors import InvalidArgument
+from dibs.claim import claim
+from dibs.dialects import backend_for
+from dibs.dialects.base import moment
+from dibs.lease import Lease, Leases
+from dibs.schema import ABANDONED, FAILED, PENDING, PROCESSING, PUBLISHED, outbox
+
+#: What a failed head of an aggregate does to the events behind it: ``block`` holds them until it is
+#: published (after retries) or, once abandoned, requeued or discarded by hand; ``skip`` lets them go
+#: ahead while it waits for its next attempt, and after it is abandoned.
+FailedHead = Literal["block", "skip"]
+FAILED_HEAD_POLICIES = ("block", "skip")
+
+#: Errors are kept up to this many characters.
+ERROR_LIMIT = 60_000
+UPKEEP_BATCH = 1000
+_DELAY = "dibs_retry_delay"
+_TARGET = "dibs_target"
+
+leases = Leases(
+    outbox,
+    ready=PENDING,
+    running=PROCESSING,
+    done=PUBLISHED,
+    failed=FAILED,
+    reclaim_expired=False,
+)
+
+
+def _behind(policy: FailedHead) -> sa.ColumnElement[bool]:
+    """Whether the event waits behind another of its aggregate: one being published now, or an older one
+    not yet finished (under ``skip``, failed and abandoned events are out of the line)."""
+    other = outbox.alias("dibs_ahead")
+    waiting = [PENDING, FAILED, ABANDONED] if policy == "block" else [PENDING]
+    return sa.exists(
+        sa.select(other.c.id).where(
+            other.c.target == outbox.c.target,
+            other.c.aggregate_type == outbox.c.aggregate_type,
+            other.c.aggregate_id == outbox.c.aggregate_id,
+            sa.or_(
+                other.c.status == PROCESSING,
+                sa.and_(other.c.status.in_(waiting), other.c.id < outbox.c.id),
+            ),
+        )
+    )
+
+
+def checked_policy(policy: object) -> FailedHead:
+    if policy not in FAILED_HEAD_POLICIES:
+        raise InvalidArgument(f"on_failed_head must be 'block' or 'skip', got {policy!r}")
+    return policy  # type: ignore[return-value]
+
+
+class OutboxStore:
+    """The relay's statements for one engine and one failed-head policy."""
+
+    def __init__(self, engine: Engine, policy: FailedHead = "block") -> None:
+        self.engine = engine
+        self.backend = backend_for(engine.dialect)
+        self.policy = checked_policy(policy)
+        self.claimer = leases.claimer(
+            where=[outbox.c.target == sa.bindparam(_TARGET, type_=outbox.c.target.type), ~_behind(self.policy)],
+            order_by=[outbox.c.id],
+            columns=[
+                outbox.c.target,
+                outbox.c.aggregate_type,
+                outbox.c.aggregate_id,
+                outbox.c.event_type,
+                outbox.c.payload,
+                outbox.c.headers,
+                outbox.c.created_at,
+                outbox.c.retry_count,
+                outbox.c.attempts,
+            ],
+        )
+
+    def claim_batch(
+        self, conn: Engine | Connection, *, worker_id: str, limit: int, target: str, lease_seconds: float
+    ) -> list[Lease]:
+        """Lease up to ``limit`` publishable events of ``target`` to ``worker_id``, at most one per aggregate."""
+        return self.claimer.claim(
+            conn, owner=worker_id, duration=lease_seconds, limit=limit, parameters={_TARGET: target}
+        )
+
+    def published(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
+        """Mark events published; returns the leases that were lost (those writes changed nothing)."""
+        return leases.complete_many(
+            conn, held, status=PUBLISHED, set={outbox.c.published_at: self.backend.now(), outbox.c.last_error: None}
+        )
+
+    def failed(self, conn: Engine | Connection, held: Sequence[Lease], delay: timedelta, error: str) -> list[Lease]:
+        """Count a failed publish and try again ``delay`` from now; returns the leases that were lost."""
+        return leases.fail_many(
+            conn,
+            held,
+            status=FAILED,
+            set={
+                outbox.c.next_attempt_at: self.backend.after(_DELAY),
+                outbox.c.retry_count: outbox.c.retry_count + 1,
+                outbox.c.last_error: error[:ERROR_LIMIT],
+            },
+            parameters={_DELAY: self.backend.after_value(delay.total_seconds())},
+        )
+
+    def abandon(self, conn: Engine | Connection, held: Sequence[Lease], error: str) -> list[Lease]:
+        """Give up on events after their last retry, the error kept; returns the leases that were lost."""
+        return leases.fail_many(
+            conn,
+            held,
+            status=ABANDONED,
+            set={outbox.c.retry_count: outbox.c.retry_count + 1, outbox.c.last_error: error[:ERROR_LIMIT]},
+        )
+
+    def release(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
+        """Give back events that were not published (nothing counted): pending again at once."""
+        return leases.release_many(conn, held)
+
+    def renew(self, conn: Engine | Connection, held: Sequence[Lease], lease_seconds: float) -> list[Lease]:
+        """Extend leases; returns those lost."""
+        return leases.renew_many(conn, held, lease_seconds)
+
+    # -- upkeep ------------------------------------------------------------------------------------
+
+    def promote_due(self, conn: Engine | Connection, limit: int = UPKEEP_BATCH) -> int:
+        """Failed events whose next attempt has come are pending again; returns how many."""
+        rows = claim(
+            conn,
+            outbox,
+            where=[outbox.c.status == FAILED, outbox.c.next_attempt_at <= self.backend.now()],
+            set={outbox.c.status: PENDING},
+            limit=limit,
+        )
+        return len(rows)
+
+    def recover_expired(self, conn: Engine | Connection) -> int:
+        """Events held by a relay that stopped renewing its lease (it died) are pending again."""
+        return len(leases.recover(conn, status=PENDING))
+
+    def purge(self, conn: Engine | Connection, older_than: timedelta, limit: int = 10_000) -> int:
+        """Delete up to ``limit`` events published more than ``older_than`` ago; returns how many."""
+        cutoff = moment(self.backend, -older_than.total_seconds())
+        rows = claim(
+            conn,
+            outbox,
+            where=[outbox.c.status == PUBLISHED, outbox.c.published_at < cutoff],
+            delete=True,
+            limit=limit,
+        )
+        return len(rows)
