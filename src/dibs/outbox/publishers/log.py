@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from urllib.parse import urlsplit
 
-from dibs._errors import InvalidArgument
+from dibs._errors import BrokerUnavailable, InvalidArgument
 from dibs.outbox.events import OutboxEvent
 from dibs.outbox.publishers.base import Publisher, envelope, split_options
 
@@ -47,6 +47,6 @@ class StdoutPublisher(Publisher):
         try:
             sys.stdout.write("".join(envelope(event) + "\n" for event in events))
             sys.stdout.flush()
-        except OSError as exc:
-            return [exc] * len(events)
+        except OSError as exc:  # the reader went away: nothing counts against the events
+            raise BrokerUnavailable(f"cannot write to standard output: {exc}") from exc
         return [None] * len(events)
