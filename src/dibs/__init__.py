@@ -18,6 +18,7 @@ from dibs._errors import (
     UnknownTask,
 )
 from dibs.claim import aclaim, claim
+from dibs.due import DueScheduler, DueStats, add_due_columns, due_columns
 from dibs.engine import create_async_engine, create_engine
 from dibs.lease import Claimer, Lease, Leases, lease_columns
 from dibs.outbox import Outbox, OutboxEvent, OutboxStatus, Relay, RelayStats
@@ -33,6 +34,8 @@ __all__ = [
     "Claimer",
     "DibsError",
     "DibsWarning",
+    "DueScheduler",
+    "DueStats",
     "EventNotFound",
     "FallbackWarning",
     "InTransaction",
@@ -58,9 +61,11 @@ __all__ = [
     "Worker",
     "WorkerStats",
     "aclaim",
+    "add_due_columns",
     "claim",
     "create_async_engine",
     "create_engine",
+    "due_columns",
     "lease_columns",
     "migrate",
 ]

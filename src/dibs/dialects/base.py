@@ -153,6 +153,11 @@ class Backend(Protocol):
         """The value of an :meth:`after` parameter for ``seconds`` from now."""
         ...
 
+    def elapsed(self, since: ColumnElement[Any], seconds: ColumnElement[Any]) -> ColumnElement[bool]:
+        """Whether at least ``seconds`` (a SQL expression, per row) have passed since ``since`` on the
+        database clock. Raises InvalidArgument where the database has no date arithmetic dibs knows."""
+        ...
+
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         """A dibs error for a driver error dibs understands, else None."""
         ...
@@ -207,6 +212,14 @@ class BackendDefaults:
 
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         return None
+
+    def elapsed(self, since: ColumnElement[Any], seconds: ColumnElement[Any]) -> ColumnElement[bool]:
+        from dibs._errors import InvalidArgument
+
+        raise InvalidArgument(
+            f"intervals that differ per row need date arithmetic dibs knows only on PostgreSQL, MySQL, MariaDB "
+            f"and SQLite, not {getattr(self, 'name', 'this database')}; give the interval as a constant"
+        )
 
     def engine_options(self, options: dict[str, Any]) -> dict[str, Any]:
         return options

@@ -122,6 +122,11 @@ class MySQL(BackendDefaults):
     def after_value(self, seconds: float) -> Any:
         return round(seconds * 1_000_000)
 
+    def elapsed(self, since: ColumnElement[Any], seconds: ColumnElement[Any]) -> ColumnElement[bool]:
+        return since <= sa.func.timestampadd(
+            sa.literal_column("MICROSECOND"), -sa.func.round(seconds * 1_000_000), sa.func.utc_timestamp(6)
+        )
+
     def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
         # IGNORE turns the duplicate-key error into a warning and the row is left out. It would do the
         # same to other errors (a value too long, a NULL): dibs validates its values before it inserts.

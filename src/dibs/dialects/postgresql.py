@@ -135,6 +135,11 @@ class PostgreSQL(BackendDefaults):
     def after_value(self, seconds: float) -> Any:
         return float(seconds)
 
+    def elapsed(self, since: ColumnElement[Any], seconds: ColumnElement[Any]) -> ColumnElement[bool]:
+        return since <= self.now() - sa.cast(seconds, sa.Float) * sa.literal_column(
+            "interval '1 second'", type_=sa.Interval()
+        )
+
     def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
         """``pk = ANY(:keys) AND token = (:tokens)[array_position(:keys, pk)]``: one statement text for any
         batch size, found by primary key, with no join whose plan could go wrong. Queue tables change faster

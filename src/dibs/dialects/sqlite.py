@@ -186,6 +186,10 @@ class SQLite(AppClock, BackendDefaults):
             return fenced_in_list_values(key_columns, pairs)
         return {"dibs_fenced_pairs": json.dumps(pairs)}  # tuples become JSON arrays
 
+    def elapsed(self, since: ColumnElement[Any], seconds: ColumnElement[Any]) -> ColumnElement[bool]:
+        # Times are ISO text: compared as Julian days, to the microsecond's order of magnitude.
+        return sa.func.julianday(since) <= sa.func.julianday(self.now()) - seconds / 86400.0
+
     def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
         return sqlite_insert(table).on_conflict_do_nothing(index_elements=[unique], index_where=unique.is_not(None))
 
