@@ -194,7 +194,7 @@ if click is not None:
         job = _run(lambda: app.enqueue(task, values, **chosen))
         click.echo(f"enqueued job {job.id} ({job.task}) on queue {job.queue}: {job.status}")
 
-    @command.command(help="Jobs per queue and state, the oldest runnable job's wait, and throughput.")
+    @command.command(help="Jobs per queue and state, the oldest runnable job's wait, throughput, periodic jobs.")
     @click.pass_context
     def status(ctx: click.Context) -> None:
         statuses = _run(_app(ctx).status)
@@ -209,7 +209,23 @@ if click is not None:
             table.add_row(
                 row.queue, *(f"{row.counts[state]:,}" for state in STATES), oldest, f"{row.finished_per_second:.1f}"
             )
-        _console().print(table if statuses else "no jobs yet")
+        console = _console()
+        console.print(table if statuses else "no jobs yet")
+        schedules = _run(_app(ctx).periodic_status)
+        if schedules:
+            periodic = Table(title="periodic jobs")
+            for column in ("name", "task", "schedule", "next slot (UTC)", "last slot (UTC)", "last job"):
+                periodic.add_column(column)
+            for row in schedules:
+                periodic.add_row(
+                    row.name,
+                    row.task,
+                    row.schedule,
+                    row.next_slot_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    "-" if row.last_slot_at is None else row.last_slot_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    "-" if row.last_job_id is None else str(row.last_job_id),
+                )
+            console.print(periodic)
 
     @command.group(help="List, retry, cancel and purge jobs.")
     def jobs() -> None:

@@ -9,6 +9,8 @@ partial indexes; there the status leads each index instead.
 and published by relays, in order per aggregate. Its indexes are partial in the same way: the claim
 reads pending events only, and the check that an event heads its aggregate reads unfinished ones only.
 
+``dibs_periodic`` holds one row per periodic job schedule and the next slot it is due at.
+
 ``dibs_schema`` records which migrations have run. :func:`migrate` runs the missing ones in order;
 ``dibs init`` calls it.
 """
@@ -53,6 +55,7 @@ DEFAULT_TARGET = "default"
 
 JOBS = "dibs_jobs"
 OUTBOX = "dibs_outbox"
+PERIODIC = "dibs_periodic"
 SCHEMA = "dibs_schema"
 
 metadata = sa.MetaData()
@@ -190,6 +193,22 @@ _partial(
 # Retention sweeps.
 _partial("dibs_outbox_published", [outbox.c.published_at], "status = 'published'", [outbox.c.status])
 
+# Periodic jobs: one row per schedule, due when its next slot comes. Taking the row, enqueueing the slot's
+# job and moving the row on to the next slot happen in one transaction: one job per slot, however many
+# workers look.
+periodic = sa.Table(
+    PERIODIC,
+    metadata,
+    sa.Column("name", sa.String(200), primary_key=True),
+    sa.Column("task", sa.String(200), nullable=False),
+    # "every 300s" or "cron */5 * * * *": a changed schedule starts again from the next slot.
+    sa.Column("schedule", sa.String(200), nullable=False),
+    sa.Column("next_slot_at", Timestamp, nullable=False),
+    sa.Column("last_slot_at", Timestamp, nullable=True),
+    sa.Column("last_job_id", sa.BigInteger, nullable=True),
+    sa.Column("updated_at", Timestamp, nullable=False),
+)
+
 schema_versions = sa.Table(
     SCHEMA,
     metadata,
@@ -215,9 +234,14 @@ def _create_outbox(conn: Connection) -> None:
     outbox.create(conn, checkfirst=True)
 
 
+def _create_periodic(conn: Connection) -> None:
+    periodic.create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, description="the jobs table", apply=_create_jobs),
     Migration(version=2, description="the outbox table", apply=_create_outbox),
+    Migration(version=3, description="the periodic jobs table", apply=_create_periodic),
 )
 #: The schema version this dibs needs.
 LATEST = max(step.version for step in MIGRATIONS)

@@ -31,6 +31,7 @@ from dibs.dialects.base import moment
 from dibs.engine import connected, create_engine
 from dibs.queue.enqueue import NewJob, insert_jobs, new_job, task_named
 from dibs.queue.job import Job
+from dibs.queue.periodic import Periodic, PeriodicStatus, checked_periodic, enqueue_due, schedule_status, sync_schedules
 from dibs.queue.retry import DEFAULT_RETRY, Retry
 from dibs.queue.store import JobStore
 from dibs.queue.task import OrderingKey, Task, checked_name
@@ -93,6 +94,8 @@ class App:
             raise InvalidArgument(f"max_args_bytes must be a positive whole number, got {max_args_bytes!r}")
         self.max_args_bytes = max_args_bytes
         self.notify = notify
+        #: Periodic job schedules by name (see :meth:`periodic`).
+        self.schedules: dict[str, Periodic] = {}
         self._store: JobStore | None = None
 
     # -- database ----------------------------------------------------------------------------------
@@ -170,6 +173,49 @@ class App:
             return task
 
         return register if function is None else register(function)
+
+    def periodic(
+        self,
+        *,
+        every: timedelta | None = None,
+        cron: str | None = None,
+        name: str | None = None,
+        args: Mapping[str, Any] | None = None,
+        missed: str = "skip",
+        **options: Any,
+    ) -> Callable[[F | Task], Task]:
+        """Register a function (or a task) to be enqueued at every slot of a schedule: ``every=`` a timedelta
+        (slots at whole multiples of it since the epoch, UTC) or ``cron=`` an expression (UTC). Workers
+        enqueue one job per slot however many run. ``missed``: for slots that passed while no worker ran,
+        ``skip`` (one job, for the latest) or ``catch_up`` (one per slot). ``args`` and enqueue ``options``
+        (queue, priority, max_attempts, tag) go to each job."""
+
+        def register(function: F | Task) -> Task:
+            task = function if isinstance(function, Task) else self.task(function)
+            if task.app is not self:
+                raise InvalidArgument(f"task {task.name!r} is registered with another app, not this one")
+            definition = checked_periodic(
+                task, name=name, every=every, cron=cron, args=args, missed=missed, options=options
+            )
+            if definition.name in self.schedules:
+                raise InvalidArgument(f"a periodic job named {definition.name!r} is already registered; give name=")
+            self.schedules[definition.name] = definition
+            return task
+
+        return register
+
+    def enqueue_periodic(self) -> int:
+        """Enqueue the jobs of every schedule whose slot has come (workers do this in their upkeep); returns
+        how many were enqueued."""
+        return enqueue_due(self.engine, self.schedules, self._channel())
+
+    def sync_periodic(self) -> None:
+        """Record this app's schedules in the database (workers do this as they start)."""
+        sync_schedules(self.engine, self.schedules)
+
+    def periodic_status(self) -> list[PeriodicStatus]:
+        """Every schedule recorded in the database: its next slot, last slot and last job."""
+        return schedule_status(self.engine)
 
     @property
     def queues(self) -> frozenset[str]:

@@ -192,6 +192,7 @@ class Worker:
         self._work = asyncio.Event()
         try:
             await self._call(require_current, self.app.engine)
+            await self._call(self.app.sync_periodic)
             self._start_metrics()
         except BaseException:
             # Not started: leave no database thread behind.
@@ -554,6 +555,9 @@ class Worker:
         while True:
             try:
                 if await self._call(self._store.promote_due, self.app.engine):
+                    self._wake_up()
+                enqueued = await self._call(self.app.enqueue_periodic) if self.app.schedules else 0
+                if enqueued:
                     self._wake_up()
                 requeued, dead = await self._call(self._store.recover_expired, self.app.engine)
                 if requeued or dead:

@@ -1,0 +1,263 @@
+"""Periodic jobs: a task enqueued once per slot of a schedule (``every=`` a timedelta, or a cron expression),
+exactly once however many workers run.
+
+Each schedule is a row of ``dibs_periodic`` holding its next slot. Every worker, in its upkeep, claims
+the rows whose next slot has come on the database clock; in the claim's own transaction it enqueues the
+slot's job and moves the row on to the next slot in the future. A worker that takes the row commits the
+job and the move together, and another worker sees the row either locked (skipped) or already moved on.
+
+Slots of ``every=`` schedules are whole multiples of the interval since the Unix epoch (UTC), so every
+worker agrees on them; cron expressions are read in UTC. Slots missed while no worker ran are, by the
+``missed`` policy, ``skip``\\ ped (one job, for the latest missed slot) or caught up (one job per missed
+slot, oldest first, at most :data:`MAX_CATCH_UP`). A new schedule starts at its next slot after it
+is first seen; a changed one starts again from its next slot.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine, Row
+
+from dibs._errors import InvalidArgument
+from dibs.claim import claim
+from dibs.dialects import backend_for
+from dibs.queue.enqueue import insert_jobs, new_job
+from dibs.queue.task import Task, checked_name
+from dibs.schema import periodic
+
+log = logging.getLogger("dibs.periodic")
+
+MISSED_POLICIES = ("skip", "catch_up")
+#: Most missed slots one catch-up enqueues; older ones are skipped, with a warning.
+MAX_CATCH_UP = 1000
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Periodic:
+    """One schedule: ``task`` enqueued with ``args`` at every slot."""
+
+    name: str
+    task: Task
+    args: Mapping[str, Any] = field(default_factory=dict)
+    every: timedelta | None = None
+    cron: str | None = None
+    missed: str = "skip"
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if (self.every is None) == (self.cron is None):
+            raise InvalidArgument("a periodic job needs every= (a timedelta) or cron= (an expression), not both")
+        if self.every is not None and (not isinstance(self.every, timedelta) or self.every < timedelta(seconds=1)):
+            raise InvalidArgument(f"every= must be a timedelta of at least one second, got {self.every!r}")
+        if self.cron is not None:
+            self.next_after(datetime.now(timezone.utc))  # raises InvalidArgument for a bad expression
+        if self.missed not in MISSED_POLICIES:
+            raise InvalidArgument(f"missed= must be 'skip' or 'catch_up', got {self.missed!r}")
+
+    @property
+    def schedule(self) -> str:
+        """The schedule as text: ``every 300s`` or ``cron */5 * * * *``."""
+        if self.every is not None:
+            return f"every {self.every.total_seconds():g}s"
+        return f"cron {self.cron}"
+
+    def next_after(self, moment: datetime) -> datetime:
+        """The first slot strictly after ``moment`` (aware)."""
+        if self.every is not None:
+            step = self.every.total_seconds()
+            count = (moment - _EPOCH).total_seconds() // step + 1
+            return _EPOCH + timedelta(seconds=count * step)
+        try:
+            from cronsim import CronSim, CronSimError
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise InvalidArgument("cron schedules need cronsim: pip install 'dibs[cron]'") from exc
+        try:
+            slot: datetime = next(CronSim(self.cron or "", moment.astimezone(timezone.utc)))
+        except (CronSimError, StopIteration) as exc:
+            raise InvalidArgument(
+                f"{self.cron!r} is not a cron expression dibs can read ({exc}); write five fields, "
+                "minute hour day-of-month month day-of-week, such as '*/15 * * * *'"
+            ) from exc
+        return slot
+
+    def slots(self, first: datetime, until: datetime) -> tuple[list[datetime], int]:
+        """The slots from ``first`` (itself a slot) to ``until``, both included: the latest MAX_CATCH_UP of
+        them, and how many there were in all."""
+        if self.every is not None:
+            step = self.every.total_seconds()
+            count = int((until - first).total_seconds() // step) + 1 if until >= first else 0
+            kept = min(count, MAX_CATCH_UP)
+            return [first + timedelta(seconds=step * n) for n in range(count - kept, count)], count
+        found: list[datetime] = []
+        count = 0
+        slot = first
+        while slot <= until:
+            count += 1
+            found.append(slot)
+            if len(found) > MAX_CATCH_UP:
+                found.pop(0)
+            slot = self.next_after(slot)
+        return found, count
+
+
+@dataclass(frozen=True, kw_only=True)
+class PeriodicStatus:
+    """One schedule as the database holds it."""
+
+    name: str
+    task: str
+    schedule: str
+    next_slot_at: datetime
+    last_slot_at: datetime | None
+    last_job_id: int | None
+
+
+def checked_periodic(
+    task: Task,
+    *,
+    name: str | None,
+    every: timedelta | None,
+    cron: str | None,
+    args: Mapping[str, Any] | None,
+    missed: str,
+    options: Mapping[str, Any],
+) -> Periodic:
+    """A schedule, every argument checked; its jobs' arguments and options are checked as enqueue checks them."""
+    chosen = checked_name(name or task.name, "a periodic job's name")
+    definition = Periodic(
+        name=chosen, task=task, args=dict(args or {}), every=every, cron=cron, missed=missed, options=dict(options)
+    )
+    new_job(task, definition.args, known_queues=task.app.queues, max_args_bytes=task.app.max_args_bytes, **options)
+    return definition
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def _stored(conn: Connection, moment: datetime) -> datetime:
+    """A time as the database column takes it: aware on PostgreSQL, naive UTC elsewhere."""
+    utc = moment.astimezone(timezone.utc)
+    return utc if conn.dialect.name == "postgresql" else utc.replace(tzinfo=None)
+
+
+def _database_now(conn: Connection) -> datetime:
+    return _aware(conn.execute(sa.select(backend_for(conn.dialect).now())).scalar_one())
+
+
+def sync_schedules(engine: Engine, schedules: Mapping[str, Periodic]) -> None:
+    """Make the table hold every schedule: new ones start at their next slot, changed ones again from it."""
+    if not schedules:
+        return
+    backend = backend_for(engine.dialect)
+    with engine.begin() as conn:
+        now = _database_now(conn)
+        stored = {
+            row.name: row.schedule
+            for row in conn.execute(
+                sa.select(periodic.c.name, periodic.c.schedule).where(periodic.c.name.in_(schedules))
+            )
+        }
+        for name, definition in schedules.items():
+            values = {
+                "task": definition.task.name,
+                "schedule": definition.schedule,
+                "next_slot_at": _stored(conn, definition.next_after(now)),
+                "updated_at": _stored(conn, now),
+            }
+            if name not in stored:
+                conn.execute(backend.insert_new(periodic, periodic.c.name).values(name=name, **values))
+            elif stored[name] != definition.schedule:
+                log.info(
+                    "periodic job %s changed to %s: next slot %s", name, definition.schedule, values["next_slot_at"]
+                )
+                conn.execute(
+                    sa.update(periodic)
+                    .where(periodic.c.name == name, periodic.c.schedule == stored[name])
+                    .values(**values)
+                )
+
+
+def enqueue_due(engine: Engine, schedules: Mapping[str, Periodic], notify_channel: str | None) -> int:
+    """Enqueue the jobs of every schedule whose next slot has come, exactly once per slot; returns how many."""
+    if not schedules:
+        return 0
+    enqueued = 0
+
+    def fire(conn: Connection, rows: Sequence[Row[Any]]) -> None:
+        nonlocal enqueued
+        now = _database_now(conn)
+        for row in rows:
+            definition = schedules[row.name]
+            if row.schedule != definition.schedule:
+                continue  # another version of the app runs this schedule; its workers fire it
+            slots, count = definition.slots(_aware(row.next_slot_at), now)
+            fired = slots if definition.missed == "catch_up" else slots[-1:]
+            if count > 1:
+                log.warning(
+                    "periodic job %s missed %d slots since %s; %s",
+                    row.name,
+                    count - 1,
+                    _aware(row.next_slot_at).isoformat(),
+                    "catching up" if definition.missed == "catch_up" else "skipping to the latest",
+                )
+            jobs = insert_jobs(
+                conn,
+                [
+                    new_job(
+                        definition.task,
+                        definition.args,
+                        known_queues=definition.task.app.queues,
+                        max_args_bytes=definition.task.app.max_args_bytes,
+                        dedupe_key=f"periodic:{row.name}:{slot.strftime('%Y%m%dT%H%M%SZ')}"[:200],
+                        **definition.options,
+                    )
+                    for slot in fired
+                ],
+                notify_channel,
+            )
+            conn.execute(
+                sa.update(periodic)
+                .where(periodic.c.name == row.name)
+                .values(
+                    next_slot_at=_stored(conn, definition.next_after(now)),
+                    last_slot_at=_stored(conn, slots[-1]) if slots else row.last_slot_at,
+                    last_job_id=jobs[-1].id if jobs else row.last_job_id,
+                )
+            )
+            enqueued += len(jobs)
+
+    backend = backend_for(engine.dialect)
+    claim(
+        engine,
+        periodic,
+        where=[periodic.c.name.in_(list(schedules)), periodic.c.next_slot_at <= backend.now()],
+        set={periodic.c.updated_at: backend.now()},
+        limit=len(schedules),
+        then=fire,
+    )
+    return enqueued
+
+
+def schedule_status(engine: Engine) -> list[PeriodicStatus]:
+    """Every schedule the database holds, by name."""
+    with engine.connect() as conn:
+        rows = conn.execute(sa.select(periodic).order_by(periodic.c.name)).all()
+    return [
+        PeriodicStatus(
+            name=row.name,
+            task=row.task,
+            schedule=row.schedule,
+            next_slot_at=_aware(row.next_slot_at),
+            last_slot_at=None if row.last_slot_at is None else _aware(row.last_slot_at),
+            last_job_id=row.last_job_id,
+        )
+        for row in rows
+    ]
