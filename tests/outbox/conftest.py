@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
+import dibs
 from tests.outbox.brokers import (
     AMQP_URL,
     NATS_URL,
@@ -24,7 +27,9 @@ from tests.outbox.brokers import (
     start_webhook_server,
     unique,
 )
-from tests.targets import IN_CI
+from tests.outbox.support import OutboxDatabase
+from tests.queue.support import BACKENDS, SYNC_DRIVERS, drop_everything
+from tests.targets import IN_CI, with_driver
 
 # -- brokers: the publisher tests' fixtures --------------------------------------------------------------
 
@@ -112,3 +117,41 @@ def proxy() -> Iterator[Callable[[str, int], Proxy]]:
 
 
 # -- end of brokers ----------------------------------------------------------------------------------------
+
+
+# -- databases and relays: the outbox and relay tests' fixtures ------------------------------------------
+
+
+@pytest.fixture(params=BACKENDS)
+def outbox_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.URL]:
+    """A database with a fresh, current dibs schema (a file in tmp_path on SQLite; the session's database
+    on the servers), its tables dropped after the test."""
+    family: str = request.param
+    if family == "postgresql":
+        base: sa.URL = request.getfixturevalue("postgres_database")
+    elif family == "mariadb":
+        base = request.getfixturevalue("mariadb_database")
+    else:
+        base = sa.make_url(f"sqlite:///{tmp_path / 'outbox.sqlite'}")
+    url = with_driver(base, SYNC_DRIVERS[family])
+    drop_everything(url)
+    engine = dibs.create_engine(url)
+    try:
+        dibs.migrate(engine)
+    finally:
+        engine.dispose()
+    yield url
+    drop_everything(url)
+
+
+@pytest.fixture
+def odb(outbox_url: sa.URL) -> Iterator[OutboxDatabase]:
+    """The test's database: engines, outboxes and relays on it, all closed when the test ends."""
+    database = OutboxDatabase(outbox_url)
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+# -- end of databases and relays ---------------------------------------------------------------------------

@@ -66,6 +66,25 @@ def test_a_job_enqueued_in_a_rolled_back_transaction_never_exists(qdb: QueueData
     assert app.get(committed.id).status == "succeeded"
 
 
+def test_enqueue_on_a_connection_without_a_transaction_joins_the_one_it_begins(qdb: QueueDatabase) -> None:
+    """SQLAlchemy begins a transaction at the first statement: the job is part of it, so the caller's rollback
+    takes it away with the business row, and the caller's commit keeps both."""
+    test_metadata.create_all(qdb.engine)
+    app, send_receipt, _ = receipt_app(qdb)
+    with qdb.engine.connect() as conn:
+        job = app.enqueue(send_receipt, {"order_id": 1}, conn=conn)
+        conn.execute(orders.insert().values(id=1, item="book"))
+        conn.rollback()
+        assert (job_count(qdb.engine), order_count(qdb)) == (0, 0)
+        with pytest.raises(dibs.JobNotFound):
+            app.get(job.id)
+        kept = app.enqueue(send_receipt, {"order_id": 2}, conn=conn)
+        conn.execute(orders.insert().values(id=2, item="lamp"))
+        conn.commit()
+    assert (job_count(qdb.engine), order_count(qdb)) == (1, 1)
+    assert app.get(kept.id).args == {"order_id": 2}
+
+
 def test_a_job_in_an_open_transaction_is_invisible_to_others_until_commit(qdb: QueueDatabase) -> None:
     test_metadata.create_all(qdb.engine)
     app, send_receipt, sent = receipt_app(qdb)

@@ -188,10 +188,9 @@ class Outbox:
             with conn.begin() as connection:
                 return insert_events(connection, events, self._channel())
         if isinstance(conn, Connection):
-            if conn.in_transaction():
-                return insert_events(conn, events, self._channel())
-            with conn.begin():
-                return insert_events(conn, events, self._channel())
+            # Inside the caller's transaction, or the one this statement begins: the caller commits it, with
+            # the business change, or rolls both back.
+            return insert_events(conn, events, self._channel())
         connection_of = getattr(conn, "connection", None)
         if callable(connection_of) and not asyncio.iscoroutinefunction(connection_of):
             # An ORM Session: join its transaction; the caller commits.

@@ -220,9 +220,11 @@ class Relay:
                 await self.publisher.connect()
                 return
             except BrokerUnavailable as error:
-                if self.burst or self.stopping:
+                if self.burst:
                     raise
-                log.error("%s; trying again in %.0f s", error, wait)
+                if self.stopping:
+                    return  # the lanes see the stop and end at once
+                log.error("%s; trying again in %.1f s", error, wait)
                 await self._sleep(wait)
                 wait = min(wait * 2, OUTAGE_WAIT)
 
@@ -361,7 +363,7 @@ class Relay:
             .group_by(outbox.c.status)
         )
         with self.outbox.engine.connect() as conn:
-            return dict(conn.execute(query).tuples().all())
+            return dict(conn.execute(query).all())
 
     # -- waiting -----------------------------------------------------------------------------------
 

@@ -324,10 +324,8 @@ class App:
             with self.engine.begin() as connection:
                 return work(connection)
         if isinstance(conn, Connection):
-            if conn.in_transaction():
-                return work(conn)
-            with conn.begin():
-                return work(conn)
+            # Inside the caller's transaction, or the one this statement begins: the caller commits it.
+            return work(conn)
         connection_of = getattr(conn, "connection", None)
         if callable(connection_of):  # an ORM Session: join its transaction; the caller commits
             return work(connection_of())
