@@ -194,9 +194,14 @@ class App:
             task = function if isinstance(function, Task) else self.task(function)
             if task.app is not self:
                 raise InvalidArgument(f"task {task.name!r} is registered with another app, not this one")
-            definition = checked_periodic(
-                task, name=name, every=every, cron=cron, args=args, missed=missed, options=options
-            )
+            try:
+                definition = checked_periodic(
+                    task, name=name, every=every, cron=cron, args=args, missed=missed, options=options
+                )
+            except InvalidArgument:
+                if task is not function:  # registered just now: a bad schedule leaves no task behind
+                    del self.tasks[task.name]
+                raise
             if definition.name in self.schedules:
                 raise InvalidArgument(f"a periodic job named {definition.name!r} is already registered; give name=")
             self.schedules[definition.name] = definition

@@ -15,8 +15,10 @@ is first seen; a changed one starts again from its next slot.
 
 from __future__ import annotations
 
+import itertools
 import logging
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -65,46 +67,52 @@ class Periodic:
     def schedule(self) -> str:
         """The schedule as text: ``every 300s`` or ``cron */5 * * * *``."""
         if self.every is not None:
-            return f"every {self.every.total_seconds():g}s"
+            # Exact to the microsecond: two different intervals never read the same.
+            seconds = f"{self.every.total_seconds():.6f}".rstrip("0").rstrip(".")
+            return f"every {seconds}s"
         return f"cron {self.cron}"
 
     def next_after(self, moment: datetime) -> datetime:
         """The first slot strictly after ``moment`` (aware)."""
         if self.every is not None:
-            step = self.every.total_seconds()
-            count = (moment - _EPOCH).total_seconds() // step + 1
-            return _EPOCH + timedelta(seconds=count * step)
+            # Whole timedeltas, not float seconds: exact, so the slot is always strictly after.
+            return _EPOCH + ((moment - _EPOCH) // self.every + 1) * self.every
+        return next(self._cron_after(moment))
+
+    def _cron_after(self, moment: datetime) -> Iterator[datetime]:
+        """The cron slots strictly after ``moment``, in order."""
         try:
             from cronsim import CronSim, CronSimError
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise InvalidArgument("cron schedules need cronsim: pip install 'dibs[cron]'") from exc
         try:
-            slot: datetime = next(CronSim(self.cron or "", moment.astimezone(timezone.utc)))
+            slots: Iterator[datetime] = CronSim(self.cron or "", moment.astimezone(timezone.utc))
+            first = next(slots)
         except (CronSimError, StopIteration) as exc:
             raise InvalidArgument(
                 f"{self.cron!r} is not a cron expression dibs can read ({exc}); write five fields, "
                 "minute hour day-of-month month day-of-week, such as '*/15 * * * *'"
             ) from exc
-        return slot
+        return itertools.chain([first], slots)
 
     def slots(self, first: datetime, until: datetime) -> tuple[list[datetime], int]:
         """The slots from ``first`` (itself a slot) to ``until``, both included: the latest MAX_CATCH_UP of
         them, and how many there were in all."""
+        if until < first:
+            return [], 0
         if self.every is not None:
-            step = self.every.total_seconds()
-            count = int((until - first).total_seconds() // step) + 1 if until >= first else 0
+            count = (until - first) // self.every + 1
             kept = min(count, MAX_CATCH_UP)
-            return [first + timedelta(seconds=step * n) for n in range(count - kept, count)], count
-        found: list[datetime] = []
-        count = 0
-        slot = first
-        while slot <= until:
-            count += 1
+            return [first + self.every * n for n in range(count - kept, count)], count
+        # One cron iterator walks the missed slots (a year of minutes takes about a second).
+        found: deque[datetime] = deque([first], maxlen=MAX_CATCH_UP)
+        count = 1
+        for slot in self._cron_after(first):
+            if slot > until:
+                break
             found.append(slot)
-            if len(found) > MAX_CATCH_UP:
-                found.pop(0)
-            slot = self.next_after(slot)
-        return found, count
+            count += 1
+        return list(found), count
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,11 +139,21 @@ def checked_periodic(
 ) -> Periodic:
     """A schedule, every argument checked; its jobs' arguments and options are checked as enqueue checks them."""
     chosen = checked_name(name or task.name, "a periodic job's name")
-    definition = Periodic(
+    fixed = {"dedupe_key", "run_at", "delay"} & set(options)
+    if fixed:
+        raise InvalidArgument(
+            f"a periodic job cannot take {', '.join(sorted(fixed))}: each slot's job gets its own dedupe key "
+            "and runs at its slot"
+        )
+    try:
+        new_job(task, args, known_queues=task.app.queues, max_args_bytes=task.app.max_args_bytes, **options)
+    except TypeError as exc:
+        raise InvalidArgument(
+            f"{exc}; a periodic job's options are queue, priority, max_attempts, ordering_key and tag"
+        ) from exc
+    return Periodic(
         name=chosen, task=task, args=dict(args or {}), every=every, cron=cron, missed=missed, options=dict(options)
     )
-    new_job(task, definition.args, known_queues=task.app.queues, max_args_bytes=task.app.max_args_bytes, **options)
-    return definition
 
 
 def _aware(moment: datetime) -> datetime:
