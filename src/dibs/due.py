@@ -20,6 +20,7 @@ import inspect
 import os
 import socket
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -42,6 +43,8 @@ IDLE, RUNNING = "idle", "running"
 #: Errors are kept up to this many characters.
 ERROR_LIMIT = 10_000
 _RETRY_AFTER = "dibs_retry_after"
+#: How many times the run loop claims again while rows read as due but the claim found none.
+_EMPTY_CLAIM_TRIES = 50
 _DUE_CUTOFF = "dibs_due_cutoff"
 
 #: The scheduler's own columns and their default names.
@@ -149,6 +152,11 @@ class DueScheduler:
             raise InvalidArgument(f"interval_unit must be 'seconds' or 'minutes', got {interval_unit!r}")
         self.constant_interval: float | None = None
         self.interval_seconds: sa.ColumnElement[Any] | None = None
+        if interval_unit != "seconds" and not isinstance(interval, (str, sa.Column)):
+            raise InvalidArgument(
+                f"interval_unit={interval_unit!r} applies to an interval column only; give a constant as a "
+                "timedelta (timedelta(minutes=5)) and an expression in seconds"
+            )
         if isinstance(interval, (timedelta, int, float)) and not isinstance(interval, bool):
             self.constant_interval = _seconds(interval, "interval")
         elif isinstance(interval, (str, sa.Column)):
@@ -213,7 +221,8 @@ class DueScheduler:
         """Priority first (highest), then never-run rows, then the oldest last run."""
         order: list[sa.ColumnElement[Any]] = []
         if self.priority is not None:
-            order.append(self.priority.desc())
+            # Rows without a priority after those with one, on every database (PostgreSQL puts NULLs first).
+            order += [sa.case((self.priority.is_(None), 1), else_=0), self.priority.desc()]
         # NULLS FIRST, written so MySQL and MariaDB (which lack it) order the same way.
         order += [sa.case((self.last_run.is_(None), 0), else_=1), self.last_run]
         return order
@@ -281,13 +290,13 @@ class DueScheduler:
     ) -> DueStats:
         """Process up to ``max_sources`` due rows with ``handler(row)`` (sync), ``concurrency`` at a time; a
         handler that raises fails its row only. Returns when that many were processed or none is due."""
-        if inspect.iscoroutinefunction(handler):
+        if _is_async(handler):
             raise InvalidArgument("the handler is async: run it with await scheduler.arun(...)")
         limit, width, name = self._run_options(max_sources, concurrency, owner)
         stats = DueStats()
         with _Renewer(self, bind) as renewer, ThreadPoolExecutor(width, thread_name_prefix="dibs-due") as pool:
             while stats.claimed < limit:
-                held = self.claim(bind, owner=name, limit=min(width, limit - stats.claimed))
+                held = self._claim_more(bind, name, min(width, limit - stats.claimed))
                 if not held:
                     break
                 stats.claimed += len(held)
@@ -314,17 +323,19 @@ class DueScheduler:
 
         async def one(lease: Lease) -> tuple[Lease, BaseException | None]:
             try:
-                if inspect.iscoroutinefunction(handler):
+                if _is_async(handler):
                     await handler(lease.row)
                 else:
-                    await asyncio.to_thread(handler, lease.row)
+                    result = await asyncio.to_thread(handler, lease.row)
+                    if inspect.isawaitable(result):  # a sync callable that hands back a coroutine
+                        await result
             except Exception as error:
                 return lease, error
             return lease, None
 
         with _Renewer(self, bind) as renewer:
             while stats.claimed < limit:
-                held = await asyncio.to_thread(self.claim, bind, owner=name, limit=min(width, limit - stats.claimed))
+                held = await asyncio.to_thread(self._claim_more, bind, name, min(width, limit - stats.claimed))
                 if not held:
                     break
                 stats.claimed += len(held)
@@ -334,6 +345,17 @@ class DueScheduler:
                     renewer.drop(lease)
                     await asyncio.to_thread(self._finish, bind, lease, error, stats)
         return stats
+
+    def _claim_more(self, bind: Engine, owner: str, limit: int) -> list[Lease]:
+        """A claim for the run loop. An empty one is believed only when no row reads as due: on MySQL and
+        MariaDB a claim whose order no index gives locks every due row it sorts until it commits, so a
+        second worker's claim meanwhile finds them all taken and returns nothing."""
+        for _ in range(_EMPTY_CLAIM_TRIES):
+            held = self.claim(bind, owner=owner, limit=limit)
+            if held or not self.due_rows(bind, limit=1):
+                return held
+            time.sleep(0.02)
+        return []
 
     def _run_options(self, max_sources: int, concurrency: int, owner: str | None) -> tuple[int, int, str]:
         limit = whole_number(max_sources)
@@ -358,11 +380,21 @@ class DueScheduler:
         stats.lost += len(lost)
 
 
+def _is_async(handler: object) -> bool:
+    """An async function, or an object whose ``__call__`` is one."""
+    method = getattr(type(handler), "__call__", None)  # noqa: B004 - the method itself: is it async?
+    return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(method)
+
+
 def _outcome(handler: Handler, lease: Lease) -> BaseException | None:
     try:
-        handler(lease.row)
+        result = handler(lease.row)
     except Exception as error:
         return error
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()
+        return InvalidArgument("the handler returned an awaitable, which run() cannot await: use arun()")
     return None
 
 

@@ -1,0 +1,126 @@
+"""Fixtures: each due scheduler test runs on PostgreSQL, SQLite (a file) and MariaDB, on a sources table made
+fresh for it and dropped after it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+import dibs
+from tests.due.support import (
+    PLAIN_SOURCES,
+    SLOW_CLOCK_SCHEMA,
+    SOURCES,
+    aware,
+    database_now,
+    family_of,
+    sources_table,
+    storable,
+)
+from tests.targets import with_driver
+
+BACKENDS = ("postgresql", "sqlite", "mariadb")
+SYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite+pysqlite", "mariadb": "mysql+pymysql"}
+
+
+def drop_tables(url: sa.URL) -> None:
+    """Drop the test tables (and PostgreSQL's slow clock), failing fast if a leftover session holds a lock."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql("SET lock_timeout = '10s'")
+            elif conn.dialect.name in ("mysql", "mariadb"):
+                conn.exec_driver_sql("SET SESSION lock_wait_timeout = 10")
+            for name in (SOURCES, PLAIN_SOURCES):
+                sa.Table(name, sa.MetaData()).drop(conn, checkfirst=True)
+            if conn.dialect.name == "postgresql":
+                conn.exec_driver_sql(f"DROP SCHEMA IF EXISTS {SLOW_CLOCK_SCHEMA} CASCADE")
+            conn.commit()
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture(params=BACKENDS)
+def due_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.URL]:
+    """A database without the test tables (a file in tmp_path on SQLite; the session's database on the servers)."""
+    family: str = request.param
+    if family == "postgresql":
+        base: sa.URL = request.getfixturevalue("postgres_database")
+    elif family == "mariadb":
+        base = request.getfixturevalue("mariadb_database")
+    else:
+        base = sa.make_url(f"sqlite:///{tmp_path / 'due.sqlite'}")
+    url = with_driver(base, SYNC_DRIVERS[family])
+    drop_tables(url)
+    yield url
+    drop_tables(url)
+
+
+class Sources:
+    """One test's sources table and the engines on it, all disposed when the test ends."""
+
+    def __init__(self, url: sa.URL) -> None:
+        self.url = url
+        self.family = family_of(url)
+        self._engines: list[Engine] = []
+        self.engine = self.new_engine()
+        self.table = sources_table()
+        self.table.metadata.create_all(self.engine)
+
+    def new_engine(self, **options: Any) -> Engine:
+        engine = dibs.create_engine(self.url, **options)
+        self._engines.append(engine)
+        return engine
+
+    def scheduler(self, **options: Any) -> dibs.DueScheduler:
+        """A scheduler on the table (enabled and priority by default; an interval must be given)."""
+        return dibs.DueScheduler(self.table, **{"last_run": "last_run_at", "enabled": "enabled", **options})
+
+    def now(self) -> datetime:
+        return database_now(self.engine)
+
+    def ago(self, seconds: float, now: datetime | None = None) -> datetime:
+        """A last run ``seconds`` before the database's now (or before ``now``), as the column takes it."""
+        return storable(self.engine, (now or self.now()) - timedelta(seconds=seconds))
+
+    def add(self, *rows: dict[str, Any]) -> None:
+        """Insert sources; each is enabled, never run, of priority 0, unless its dict says otherwise."""
+        filled = [{"last_run_at": None, "enabled": True, "priority": 0, **row} for row in rows]
+        columns = {key for row in filled for key in row}
+        with self.engine.begin() as conn:
+            conn.execute(self.table.insert(), [{key: row.get(key) for key in columns} for row in filled])
+
+    def update(self, source: int, **values: Any) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(self.table.update().where(self.table.c.id == source).values(**values))
+
+    def row(self, source: int) -> sa.Row[Any]:
+        with self.engine.connect() as conn:
+            return conn.execute(sa.select(self.table).where(self.table.c.id == source)).one()
+
+    def rows(self) -> dict[int, sa.Row[Any]]:
+        with self.engine.connect() as conn:
+            return {row.id: row for row in conn.execute(sa.select(self.table).order_by(self.table.c.id))}
+
+    def last_run(self, source: int) -> datetime | None:
+        return aware(self.row(source).last_run_at)
+
+    def close(self) -> None:
+        for engine in self._engines:
+            engine.dispose()
+
+
+@pytest.fixture
+def sources(due_url: sa.URL) -> Iterator[Sources]:
+    database = Sources(due_url)
+    try:
+        yield database
+    finally:
+        database.close()
