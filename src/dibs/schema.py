@@ -181,6 +181,13 @@ sa.Index(
     sqlite_where=sa.text("status IN ('pending', 'processing', 'failed', 'abandoned')"),
 ).ddl_if(callable_=_has_partial)
 sa.Index("dibs_outbox_aggregate_full", *_aggregate, outbox.c.status, outbox.c.id).ddl_if(callable_=_lacks_partial)
+# The aggregate's events in flight (being published): a few rows at most.
+sa.Index(
+    "dibs_outbox_in_flight",
+    *_aggregate,
+    postgresql_where=sa.text("status = 'processing'"),
+    sqlite_where=sa.text("status = 'processing'"),
+).ddl_if(callable_=_has_partial)
 # Failed events whose next attempt has come.
 _partial("dibs_outbox_due", [outbox.c.next_attempt_at], "status = 'failed'", [outbox.c.status])
 # Leases of relays that died (see dibs_jobs_expiry for why the predicate says more than the status).

@@ -48,22 +48,36 @@ leases = Leases(
 )
 
 
-def _behind(policy: FailedHead) -> sa.ColumnElement[bool]:
-    """Whether the event waits behind another of its aggregate: one being published now, or an older one
-    not yet finished (under ``skip``, failed and abandoned events are out of the line)."""
-    other = outbox.alias("dibs_ahead")
+def _at_head(policy: FailedHead) -> list[sa.ColumnElement[bool]]:
+    """Whether the event heads its aggregate: no older one is unfinished (under ``skip``, failed and abandoned
+    events are out of the line), and none is being published now.
+
+    Two NOT EXISTS, not one with an OR: each is an anti-join probing an index of its own (the aggregate's
+    unfinished events below this id; the aggregate's events in flight), where the OR made PostgreSQL
+    hash-join the whole table: a second per claim at 100,000 pending events instead of milliseconds.
+    """
     waiting = [PENDING, FAILED, ABANDONED] if policy == "block" else [PENDING]
-    return sa.exists(
-        sa.select(other.c.id).where(
-            other.c.target == outbox.c.target,
-            other.c.aggregate_type == outbox.c.aggregate_type,
-            other.c.aggregate_id == outbox.c.aggregate_id,
-            sa.or_(
-                other.c.status == PROCESSING,
-                sa.and_(other.c.status.in_(waiting), other.c.id < outbox.c.id),
-            ),
-        )
-    )
+    older = outbox.alias("dibs_older")
+    in_flight = outbox.alias("dibs_in_flight")
+    return [
+        ~sa.exists(
+            sa.select(older.c.id).where(
+                older.c.target == outbox.c.target,
+                older.c.aggregate_type == outbox.c.aggregate_type,
+                older.c.aggregate_id == outbox.c.aggregate_id,
+                older.c.status.in_(waiting),
+                older.c.id < outbox.c.id,
+            )
+        ),
+        ~sa.exists(
+            sa.select(in_flight.c.id).where(
+                in_flight.c.target == outbox.c.target,
+                in_flight.c.aggregate_type == outbox.c.aggregate_type,
+                in_flight.c.aggregate_id == outbox.c.aggregate_id,
+                in_flight.c.status == PROCESSING,
+            )
+        ),
+    ]
 
 
 def checked_policy(policy: object) -> FailedHead:
@@ -80,7 +94,7 @@ class OutboxStore:
         self.backend = backend_for(engine.dialect)
         self.policy = checked_policy(policy)
         self.claimer = leases.claimer(
-            where=[outbox.c.target == sa.bindparam(_TARGET, type_=outbox.c.target.type), ~_behind(self.policy)],
+            where=[outbox.c.target == sa.bindparam(_TARGET, type_=outbox.c.target.type), *_at_head(self.policy)],
             order_by=[outbox.c.id],
             columns=[
                 outbox.c.target,
