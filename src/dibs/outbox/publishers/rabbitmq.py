@@ -89,15 +89,26 @@ class RabbitMQ(Publisher):
                     await self._connect()
 
     async def _connect(self) -> None:
-        if self._connection is None or self._connection.is_closed:
-            try:
-                self._connection = await self._aio_pika.connect(self._url, timeout=min(self.timeout, CONNECT_TIMEOUT))
-            except (OSError, asyncio.TimeoutError, self._errors.AMQPError) as exc:
-                self._connection = None
-                raise BrokerUnavailable(f"cannot reach RabbitMQ at {self.description}: {exc!r}") from exc
-        if self._channel is None or self._channel.is_closed:
+        # Twice at most: the broker may close the whole connection as a channel is reopened after it closed
+        # one (CHANNEL_ERROR), and a fresh connection then opens the channel.
+        for attempt in (1, 2):
+            if self._connection is None or self._connection.is_closed:
+                try:
+                    self._connection = await self._aio_pika.connect(
+                        self._url, timeout=min(self.timeout, CONNECT_TIMEOUT)
+                    )
+                except (OSError, asyncio.TimeoutError, self._errors.AMQPError) as exc:
+                    self._connection = None
+                    raise BrokerUnavailable(f"cannot reach RabbitMQ at {self.description}: {exc!r}") from exc
+            if self._channel is not None and not self._channel.is_closed:
+                return
             try:
                 await self._open_channel()
+                return
+            except BrokerUnavailable:
+                await self.close()
+                if attempt == 2:
+                    raise
             except BaseException:
                 await self.close()
                 raise
@@ -126,7 +137,13 @@ class RabbitMQ(Publisher):
                         ) from exc
             else:
                 exchange = channel.default_exchange
-        except (OSError, asyncio.TimeoutError, errors.AMQPConnectionError, errors.ChannelInvalidStateError) as exc:
+        except (
+            OSError,
+            RuntimeError,  # aiormq: the connection is closed
+            asyncio.TimeoutError,
+            errors.AMQPConnectionError,
+            errors.ChannelInvalidStateError,
+        ) as exc:
             raise BrokerUnavailable(f"lost RabbitMQ at {self.description}: {exc!r}") from exc
         self._channel, self._exchange = channel, exchange
 
