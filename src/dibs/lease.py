@@ -13,7 +13,7 @@ import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import sqlalchemy as sa
@@ -33,7 +33,7 @@ from dibs.claim import (
 )
 from dibs.dialects import Backend, ClaimRequest, backend_for
 from dibs.dialects.base import resolve_times
-from dibs.schema import Timestamp
+from dibs.schema import Timestamp, aware
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -79,11 +79,6 @@ def _seconds(duration: Duration, name: str = "duration") -> float:
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
         raise InvalidArgument(f"{name} must be a positive timedelta or number of seconds, got {duration!r}")
     return float(seconds)
-
-
-def _aware(moment: datetime) -> datetime:
-    """Backends without time zones store UTC; say so on the value."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
 
 
 #: Lease writes go in chunks of at most this many leases, which bounds both the statement's parameters
@@ -335,7 +330,7 @@ class Leases:
         if len(key_at) == 1:
             (only,) = key_at
             return [
-                Lease(key=(row[only],), token=row[token_at], owner=owner, expires_at=_aware(row[expires_at]), row=row)
+                Lease(key=(row[only],), token=row[token_at], owner=owner, expires_at=aware(row[expires_at]), row=row)
                 for row in rows
             ]
         return [
@@ -343,7 +338,7 @@ class Leases:
                 key=tuple(row[i] for i in key_at),
                 token=row[token_at],
                 owner=owner,
-                expires_at=_aware(row[expires_at]),
+                expires_at=aware(row[expires_at]),
                 row=row,
             )
             for row in rows

@@ -20,7 +20,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime, timezone
+from typing import Any, overload
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
@@ -33,6 +34,18 @@ from dibs.engine import connected
 #: A point in time with microseconds on every backend: timestamptz on PostgreSQL, DATETIME(6) holding
 #: UTC on MySQL and MariaDB (plain DATETIME drops the fraction), ISO text in UTC on SQLite.
 Timestamp = sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+
+
+@overload
+def aware(moment: datetime) -> datetime: ...
+@overload
+def aware(moment: None) -> None: ...
+def aware(moment: datetime | None) -> datetime | None:
+    """A Timestamp as read back, with its time zone: backends without time zones store UTC."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=timezone.utc)
+
 
 #: Job states. ``scheduled`` jobs wait for their time and are moved to ``queued`` when it comes, so that
 #: the claim's index holds runnable jobs only.

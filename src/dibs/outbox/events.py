@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from functools import cached_property
 from typing import Any
 
@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Row
 
 from dibs._errors import InvalidArgument
 from dibs.dialects import Backend, backend_for
-from dibs.schema import DEFAULT_TARGET, PENDING, outbox
+from dibs.schema import DEFAULT_TARGET, PENDING, aware, outbox
 
 _NAME_LIMIT = {"target": 100, "aggregate_type": 200, "aggregate_id": 200, "event_type": 200}
 #: The arguments an event is made of, as add() takes them and add_many() takes them in each mapping.
@@ -65,7 +65,7 @@ class OutboxEvent:
         }
         for name in ("next_attempt_at", "published_at"):
             if name in names:
-                optional[name] = _aware(values[name])
+                optional[name] = aware(values[name])
         if status is not None:
             optional["status"] = status
         return cls(
@@ -76,15 +76,9 @@ class OutboxEvent:
             event_type=values["event_type"],
             payload_json=values["payload"],
             headers=json.loads(values["headers"]) if values["headers"] else {},
-            created_at=_aware(values["created_at"]),  # type: ignore[arg-type]
+            created_at=aware(values["created_at"]),
             **optional,
         )
-
-
-def _aware(moment: datetime | None) -> datetime | None:
-    if moment is None or moment.tzinfo is not None:
-        return moment
-    return moment.replace(tzinfo=timezone.utc)
 
 
 def new_event(

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -31,7 +31,7 @@ from dibs.outbox.events import OutboxEvent, event_from, insert_events, new_event
 from dibs.outbox.store import FailedHead, OutboxStore, checked_policy
 from dibs.queue.app import database_url
 from dibs.queue.retry import Retry
-from dibs.schema import ABANDONED, EVENT_STATES, FAILED, PENDING, PUBLISHED, migrate, outbox
+from dibs.schema import ABANDONED, EVENT_STATES, FAILED, PENDING, PUBLISHED, aware, migrate, outbox
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -247,7 +247,7 @@ class Outbox:
         """Per target: events per state, the oldest pending event's wait, and recent throughput."""
         backend = backend_for(self.engine.dialect)
         with connected(self.engine) as conn:
-            now = _aware(conn.execute(sa.select(backend.now())).scalar_one())
+            now = aware(conn.execute(sa.select(backend.now())).scalar_one())
             counts = conn.execute(
                 sa.select(outbox.c.target, outbox.c.status, sa.func.count()).group_by(outbox.c.target, outbox.c.status)
             ).all()
@@ -273,7 +273,7 @@ class Outbox:
                 target=target,
                 counts=per_target[target],
                 oldest_pending_seconds=(
-                    max(0.0, (now - _aware(oldest[target])).total_seconds()) if oldest.get(target) else None
+                    max(0.0, (now - aware(oldest[target])).total_seconds()) if oldest.get(target) else None
                 ),
                 published_per_second=recent.get(target, 0) / 60.0,
             )
@@ -351,7 +351,3 @@ def _event_id(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidArgument(f"event ids are whole numbers, got {value!r}")
     return value
-
-
-def _aware(when: datetime) -> datetime:
-    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)

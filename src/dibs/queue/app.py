@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 import sqlalchemy as sa
@@ -35,7 +35,7 @@ from dibs.queue.periodic import Periodic, PeriodicStatus, checked_periodic, enqu
 from dibs.queue.retry import DEFAULT_RETRY, Retry
 from dibs.queue.store import JobStore
 from dibs.queue.task import OrderingKey, Task, checked_name
-from dibs.schema import CANCELLED, DEAD, FINISHED, QUEUED, RUNNING, SCHEDULED, STATES, jobs, migrate
+from dibs.schema import CANCELLED, DEAD, FINISHED, QUEUED, RUNNING, SCHEDULED, STATES, aware, jobs, migrate
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -422,7 +422,7 @@ class App:
         """Per queue: jobs per state, the oldest runnable job's wait, and recent throughput."""
         backend = backend_for(self.engine.dialect)
         with connected(self.engine) as conn:
-            now = _aware(conn.execute(sa.select(backend.now())).scalar_one())
+            now = aware(conn.execute(sa.select(backend.now())).scalar_one())
             counts = conn.execute(
                 sa.select(jobs.c.queue, jobs.c.status, sa.func.count()).group_by(jobs.c.queue, jobs.c.status)
             ).all()
@@ -449,7 +449,7 @@ class App:
                 queue=queue,
                 counts=per_queue[queue],
                 oldest_ready_seconds=(
-                    max(0.0, (now - _aware(oldest[queue])).total_seconds()) if oldest.get(queue) else None
+                    max(0.0, (now - aware(oldest[queue])).total_seconds()) if oldest.get(queue) else None
                 ),
                 finished_per_second=recent.get(queue, 0) / 60.0,
             )
@@ -463,7 +463,3 @@ class App:
         from dibs.queue.worker import Worker
 
         return Worker(self, **options)
-
-
-def _aware(when: datetime) -> datetime:
-    return when if when.tzinfo is not None else when.replace(tzinfo=timezone.utc)

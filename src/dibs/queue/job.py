@@ -5,16 +5,12 @@ from __future__ import annotations
 import json
 import threading
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Row
 
-
-def _aware(moment: datetime | None) -> datetime | None:
-    if moment is None or moment.tzinfo is not None:
-        return moment
-    return moment.replace(tzinfo=timezone.utc)
+from dibs.schema import aware
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,15 +46,15 @@ class Job:
             args=json.loads(values["args"]),
             priority=values["priority"],
             status=values["status"],
-            run_at=_aware(values["run_at"]),  # type: ignore[arg-type]
+            run_at=aware(values["run_at"]),
             attempts=values["attempts"],
             max_attempts=values["max_attempts"],
             dedupe_key=values["dedupe_key"],
             ordering_key=values["ordering_key"],
             tag=values["tag"],
-            enqueued_at=_aware(values["enqueued_at"]),  # type: ignore[arg-type]
-            started_at=_aware(values["started_at"]),
-            finished_at=_aware(values["finished_at"]),
+            enqueued_at=aware(values["enqueued_at"]),
+            started_at=aware(values["started_at"]),
+            finished_at=aware(values["finished_at"]),
             last_error=values["last_error"],
             lease_owner=values["lease_owner"],
             cancel_requested=bool(values["cancel_requested"]),

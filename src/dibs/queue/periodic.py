@@ -31,7 +31,7 @@ from dibs.claim import claim
 from dibs.dialects import backend_for
 from dibs.queue.enqueue import insert_jobs, new_job
 from dibs.queue.task import Task, checked_name
-from dibs.schema import periodic
+from dibs.schema import aware, periodic
 
 log = logging.getLogger("dibs.periodic")
 
@@ -156,10 +156,6 @@ def checked_periodic(
     )
 
 
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
-
-
 def _stored(conn: Connection, moment: datetime) -> datetime:
     """A time as the database column takes it: aware on PostgreSQL, naive UTC elsewhere."""
     utc = moment.astimezone(timezone.utc)
@@ -167,7 +163,7 @@ def _stored(conn: Connection, moment: datetime) -> datetime:
 
 
 def _database_now(conn: Connection) -> datetime:
-    return _aware(conn.execute(sa.select(backend_for(conn.dialect).now())).scalar_one())
+    return aware(conn.execute(sa.select(backend_for(conn.dialect).now())).scalar_one())
 
 
 def sync_schedules(engine: Engine, schedules: Mapping[str, Periodic]) -> None:
@@ -216,14 +212,14 @@ def enqueue_due(engine: Engine, schedules: Mapping[str, Periodic], notify_channe
             definition = schedules[row.name]
             if row.schedule != definition.schedule:
                 continue  # another version of the app runs this schedule; its workers fire it
-            slots, count = definition.slots(_aware(row.next_slot_at), now)
+            slots, count = definition.slots(aware(row.next_slot_at), now)
             fired = slots if definition.missed == "catch_up" else slots[-1:]
             if count > 1:
                 log.warning(
                     "periodic job %s missed %d slots since %s; %s",
                     row.name,
                     count - 1,
-                    _aware(row.next_slot_at).isoformat(),
+                    aware(row.next_slot_at).isoformat(),
                     "catching up" if definition.missed == "catch_up" else "skipping to the latest",
                 )
             jobs = insert_jobs(
@@ -273,8 +269,8 @@ def schedule_status(engine: Engine) -> list[PeriodicStatus]:
             name=row.name,
             task=row.task,
             schedule=row.schedule,
-            next_slot_at=_aware(row.next_slot_at),
-            last_slot_at=None if row.last_slot_at is None else _aware(row.last_slot_at),
+            next_slot_at=aware(row.next_slot_at),
+            last_slot_at=None if row.last_slot_at is None else aware(row.last_slot_at),
             last_job_id=row.last_job_id,
         )
         for row in rows
