@@ -492,6 +492,9 @@ class Worker:
                 self._held[lease.key] = lease
             self._done.extend(done)
             await asyncio.sleep(0.5)
+            # Try again even if no other job finishes to wake the flusher (these may have been the last).
+            assert self._done_ready is not None
+            self._done_ready.set()
             return
         self.stats.succeeded += len(done) - len(lost)
         self.stats.lost += len(lost)
