@@ -158,6 +158,12 @@ class Backend(Protocol):
         database clock. Raises InvalidArgument where the database has no date arithmetic dibs knows."""
         ...
 
+    def one_of(self, column: sa.Column[Any], name: str) -> ColumnElement[bool]:
+        """Whether ``column`` equals one of the values of the list given as parameter ``name`` at execution,
+        written so that the planner keeps using an index led by ``column`` for an ORDER BY that starts with
+        it, even when the list holds one value."""
+        ...
+
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         """A dibs error for a driver error dibs understands, else None."""
         ...
@@ -223,6 +229,9 @@ class BackendDefaults:
 
     def engine_options(self, options: dict[str, Any]) -> dict[str, Any]:
         return options
+
+    def one_of(self, column: sa.Column[Any], name: str) -> ColumnElement[bool]:
+        return column.in_(sa.bindparam(name, expanding=True))
 
     def configure(self, engine: Engine) -> None:
         return None

@@ -140,6 +140,12 @@ class PostgreSQL(BackendDefaults):
             "interval '1 second'", type_=sa.Interval()
         )
 
+    def one_of(self, column: sa.Column[Any], name: str) -> ColumnElement[bool]:
+        # ``= ANY(:list)``, not ``IN (:value)``: PostgreSQL turns a one-value IN into ``column = value``, then
+        # drops the column from an ORDER BY it leads (it is constant) and may walk the primary key instead of
+        # the index led by ``column``, past every row the index leaves out.
+        return column == sa.any_(sa.bindparam(name, type_=postgresql.ARRAY(column.type)))
+
     def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
         """``pk = ANY(:keys) AND token = (:tokens)[array_position(:keys, pk)]``: one statement text for any
         batch size, found by primary key, with no join whose plan could go wrong. Queue tables change faster

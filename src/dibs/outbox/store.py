@@ -92,8 +92,9 @@ class OutboxStore:
         self.backend = backend_for(engine.dialect)
         self.policy = checked_policy(policy)
         self.claimer = leases.claimer(
-            where=[outbox.c.target == sa.bindparam(_TARGET, type_=outbox.c.target.type), *_at_head(self.policy)],
-            order_by=[outbox.c.id],
+            # Ordered by the pending index's columns, (target, id): the events of one target in creation order.
+            where=[self.backend.one_of(outbox.c.target, _TARGET), *_at_head(self.policy)],
+            order_by=[outbox.c.target, outbox.c.id],
             columns=[
                 outbox.c.target,
                 outbox.c.aggregate_type,
@@ -112,7 +113,7 @@ class OutboxStore:
     ) -> list[Lease]:
         """Lease up to ``limit`` publishable events of ``target`` to ``worker_id``, at most one per aggregate."""
         return self.claimer.claim(
-            conn, owner=worker_id, duration=lease_seconds, limit=limit, parameters={_TARGET: target}
+            conn, owner=worker_id, duration=lease_seconds, limit=limit, parameters={_TARGET: [target]}
         )
 
     def published(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
