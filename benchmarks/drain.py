@@ -26,7 +26,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import importlib
 import json
+import math
 import multiprocessing
 import os
 import platform
@@ -49,7 +51,6 @@ import dibs
 POSTGRES_URL = os.environ.get("DIBS_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 MARIADB_URL = os.environ.get("DIBS_BENCH_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 DATABASE = "dibs_bench_drain"
-PGQUEUER_DATABASE = "dibs_bench_pgqueuer"
 #: The N jobs, enqueued once through dibs and copied into dibs_jobs before every trial.
 TEMPLATE = "dibs_bench_drain_template"
 ENQUEUE_CHUNK = 5_000
@@ -58,8 +59,6 @@ DEFAULT_JOBS = {"postgresql": 50_000, "sqlite": 50_000, "mariadb": 25_000}
 #: A trial drains min(N, JOBS_PER_BATCH x batch) jobs, so that small batches do not take minutes.
 JOBS_PER_BATCH = 250
 BACKENDS = ("postgresql", "sqlite", "mariadb")
-#: One enqueue() call takes about 2 ms on PostgreSQL here, so one thread cannot offer 1,000 jobs a second.
-PRODUCER_THREADS = 4
 RESULTS = Path(__file__).parent / "results"
 ROOT = Path(__file__).parent.parent
 
@@ -320,116 +319,20 @@ def raw_drain(
     return done, time.monotonic(), {}
 
 
-# -- pgqueuer --------------------------------------------------------------------------------------
+# -- the peers ---------------------------------------------------------------------------------------
+
+#: Every peer module in benchmarks/peers, by kind name; each is imported only when its kind is asked for.
+PEERS = ("pgqueuer", "procrastinate", "huey")
+KINDS = ("raw", "dibs", *PEERS)
 
 
-def pgqueuer_dsn() -> str:
-    address = sa.make_url(POSTGRES_URL).set(drivername="postgresql", database=PGQUEUER_DATABASE)
-    return address.render_as_string(hide_password=False)
+def peer(kind: str) -> Any:
+    return importlib.import_module(f"benchmarks.peers.{kind}")
 
 
-async def _pgqueuer_driver(kind: str) -> Any:
-    import asyncpg
-    from pgqueuer.db import AsyncpgDriver, AsyncpgPoolDriver
-
-    if kind == "apgpool":
-        return AsyncpgPoolDriver(await asyncpg.create_pool(pgqueuer_dsn(), min_size=2, max_size=10))
-    return AsyncpgDriver(await asyncpg.connect(pgqueuer_dsn()))
-
-
-def pgqueuer_drain(setting: dict[str, Any], start: Any) -> tuple[int, float, dict[str, Any]]:
-    import uvloop
-    from pgqueuer import PgQueuer
-    from pgqueuer.types import QueueExecutionMode
-
-    loop = uvloop.new_event_loop()
-    asyncio.set_event_loop(loop)
-    driver = loop.run_until_complete(_pgqueuer_driver(setting["driver"]))
-    pgq = PgQueuer(driver)
-    done = 0
-
-    @pgq.entrypoint("noop")
-    async def noop(job: Any) -> None:
-        nonlocal done
-        done += 1
-
-    options = {"batch_size": setting["batch"], "mode": QueueExecutionMode.drain}
-    if setting.get("max_concurrent_tasks"):
-        options["max_concurrent_tasks"] = setting["max_concurrent_tasks"]
-    start.wait()
-    loop.run_until_complete(pgq.run(**options))
-    end = time.monotonic()
-    loop.close()
-    return done, end, {}
-
-
-class PgqueuerDatabase:
-    """pgqueuer's schema in a database of its own: installed once, emptied and filled before each trial."""
-
-    def __init__(self) -> None:
-        import psycopg
-
-        self.admin = psycopg.connect(pgqueuer_dsn().replace(f"/{PGQUEUER_DATABASE}", "/postgres"), autocommit=True)
-        self.admin.execute(f"DROP DATABASE IF EXISTS {PGQUEUER_DATABASE} WITH (FORCE)")
-        self.admin.execute(f"CREATE DATABASE {PGQUEUER_DATABASE}")
-        self._run(self._install())
-
-    def _run(self, work: Any) -> Any:
-        import uvloop
-
-        return uvloop.run(work)
-
-    async def _queries(self) -> tuple[Any, Any]:
-        import asyncpg
-        from pgqueuer.db import AsyncpgDriver
-        from pgqueuer.queries import Queries
-
-        connection = await asyncpg.connect(pgqueuer_dsn())
-        return Queries(AsyncpgDriver(connection)), connection
-
-    async def _install(self) -> None:
-        queries, connection = await self._queries()
-        await queries.install()
-        await queries.optimize_autovacuum()  # `pgq autovac`, on the docs' checklist
-        await connection.close()
-
-    async def _fill(self, jobs: int) -> None:
-        queries, connection = await self._queries()
-        await queries.clear_queue()
-        await queries.clear_queue_log()
-        await queries.clear_statistics_log()
-        for first in range(0, jobs, ENQUEUE_CHUNK):
-            size = min(ENQUEUE_CHUNK, jobs - first)
-            await queries.enqueue(["noop"] * size, [None] * size, [0] * size)
-        await connection.execute("VACUUM ANALYZE pgqueuer")
-        await connection.close()
-
-    async def _finished(self) -> tuple[int, dict[str, int], float]:
-        _, connection = await self._queries()
-        left = await connection.fetchval("SELECT count(*) FROM pgqueuer")
-        logged = dict(await connection.fetch("SELECT status::text, count(*) FROM pgqueuer_log GROUP BY status"))
-        span = await connection.fetchval(
-            "SELECT extract(epoch FROM max(created) FILTER (WHERE status = 'successful') "
-            "- min(created) FILTER (WHERE status = 'picked')) FROM pgqueuer_log"
-        )
-        await connection.close()
-        return left, logged, float(span)
-
-    def refill(self, jobs: int) -> None:
-        self._run(self._fill(jobs))
-
-    def verify(self, jobs: int) -> float:
-        left, logged, span = self._run(self._finished())
-        # pgqueuer deletes a finished job from its queue and logs it queued, picked and successful.
-        if left or logged != {"queued": jobs, "picked": jobs, "successful": jobs}:
-            raise RuntimeError(
-                f"pgqueuer: expected {jobs} jobs successful, found {left} left in the queue, log {logged}"
-            )
-        return span
-
-    def close(self) -> None:
-        self.admin.execute(f"DROP DATABASE IF EXISTS {PGQUEUER_DATABASE} WITH (FORCE)")
-        self.admin.close()
+def peer_settings(kind: str, text: str | None) -> list[dict[str, Any]]:
+    module = peer(kind)
+    return module.parse(text) if text else list(module.SETTINGS)
 
 
 # -- running trials --------------------------------------------------------------------------------
@@ -442,7 +345,8 @@ def _process(
         return dibs_drain(url, setting, owner, start)
     if kind == "raw":
         return raw_drain(backend, url, setting, owner, start)
-    return pgqueuer_drain(setting, start)
+    result: tuple[int, float, dict[str, Any]] = peer(kind).drain(url, setting, start)
+    return result
 
 
 @dataclass
@@ -455,7 +359,7 @@ class Trial:
     jobs: int
     seconds: float
     #: From the first claim to the last completion, on the database clock: the drain without worker
-    #: start-up and shutdown.
+    #: start-up and shutdown (NaN where a peer keeps no such record).
     db_seconds: float
     #: When each process finished, in seconds after the barrier.
     ends: list[float] = field(default_factory=list)
@@ -469,9 +373,10 @@ class Trial:
 def label(kind: str, setting: dict[str, Any]) -> str:
     if kind == "dibs":
         return f"c{setting['concurrency']}/b{setting['batch']}"
-    if kind == "pgqueuer":
-        return f"{setting['driver']}/b{setting['batch']}"
-    return f"b{setting['batch']}"
+    if kind == "raw":
+        return f"b{setting['batch']}"
+    text: str = peer(kind).label(setting)
+    return text
 
 
 def trial(
@@ -482,31 +387,30 @@ def trial(
     setting: dict[str, Any],
     processes: int,
     jobs: int,
-    pgq: PgqueuerDatabase | None,
+    database: Any,
 ) -> Trial:
-    if kind == "pgqueuer":
-        assert pgq is not None
-        pgq.refill(jobs)
+    """One drain: fill, start ``processes`` workers of ``kind`` together, wait for all, check the result.
+    ``database`` is the peer's Database for a peer kind, None for dibs and the floor."""
+    if database is not None:
+        database.refill(jobs)
+        address = database.address()
     else:
         refill(backend, url, jobs)
+        address = url
     context = multiprocessing.get_context("spawn")
     start = manager.Barrier(processes + 1)
     with context.Pool(processes) as pool:
         pending = pool.starmap_async(
-            _process, [(kind, backend, url, setting, f"{kind}-{n}", start) for n in range(processes)]
+            _process, [(kind, backend, address, setting, f"{kind}-{n}", start) for n in range(processes)]
         )
         start.wait(timeout=120)
         began = time.monotonic()
-        results = pending.get(timeout=600)
+        results = pending.get(timeout=900)
     seconds = max(end for _, end, _ in results) - began
     done = sum(count for count, _, _ in results)
     if done != jobs:
         raise RuntimeError(f"{kind} {label(kind, setting)} on {backend}: the workers report {done} of {jobs} jobs")
-    if kind == "pgqueuer":
-        assert pgq is not None
-        span = pgq.verify(jobs)
-    else:
-        span = verify(backend, url, jobs, kind)
+    span = database.verify(jobs) if database is not None else verify(backend, url, jobs, kind)
     return Trial(
         backend,
         kind,
@@ -536,18 +440,18 @@ def own_database(backend: str, create: bool) -> None:
     server = POSTGRES_URL if backend == "postgresql" else MARIADB_URL
     admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        if backend == "postgresql":
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-            if create:
-                conn.exec_driver_sql(f"CREATE DATABASE {DATABASE}")
-        else:
-            conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DATABASE}")
-            if create:
-                conn.exec_driver_sql(f"CREATE DATABASE {DATABASE}")
+        force = " WITH (FORCE)" if backend == "postgresql" else ""
+        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DATABASE}{force}")
+        if create:
+            conn.exec_driver_sql(f"CREATE DATABASE {DATABASE}")
     admin.dispose()
 
 
 # -- enqueue-to-start latency ----------------------------------------------------------------------
+
+#: The worker the latency runs use: enough runners and a batch large enough to keep up with the highest
+#: offered rate (the defaults, concurrency 10 and batch 20, drain about 5,000 jobs/s here).
+LATENCY_WORKER = {"concurrency": 100, "batch": 200, "poll": 2.0}
 
 
 def latency_worker(url: str, total: int, setting: dict[str, Any], start: Any) -> list[tuple[float, float]]:
@@ -560,8 +464,7 @@ def latency_worker(url: str, total: int, setting: dict[str, Any], start: Any) ->
     async def stamp(sent: float) -> None:
         seen.append((sent, time.time()))
         if len(seen) == total and worker is not None:
-            # Stop once the last successes are written: a stop while a batch of them is being written can
-            # leave that batch unrecorded (seen here once in three runs), which is not what this measures.
+            # Stop once the last successes are written, which is not what this measures.
             asyncio.get_running_loop().call_later(0.5, worker.stop)
 
     worker = app.worker(
@@ -575,90 +478,53 @@ def latency_worker(url: str, total: int, setting: dict[str, Any], start: Any) ->
     return seen
 
 
-RAW_ENQUEUE = """
-INSERT INTO dibs_jobs (task, queue, args, priority, status, run_at, max_attempts, enqueued_at)
-VALUES ('stamp', 'default', %(args)s, 0, 'queued', statement_timestamp(), 5, statement_timestamp())
-"""
+#: One producer process offers at most this many jobs a second; more take a share of the schedule each.
+PRODUCER_RATE = 1_000
+#: A producer that fell behind catches up in transactions of at most this many jobs.
+PRODUCER_CHUNK = 100
 
 
-def latency_producer(
-    url: str, rate: float, total: int, producer: str, threads: int, start: Any
-) -> dict[str, float | int | str]:
-    """Enqueue ``total`` jobs, one job per transaction, on a fixed schedule of ``rate`` a second.
+def latency_producer(url: str, rate: float, total: int, share: int, shares: int, start: Any) -> dict[str, float]:
+    """Offer jobs ``share``, ``share + shares``, ... of ``total`` on a fixed schedule of ``rate`` a second
+    (job n is due at n / rate seconds), never sending one before its time.
 
-    ``dibs``: one ``app.enqueue()`` call per job. ``raw``: the same row and the same NOTIFY, written by
-    hand on psycopg, which costs the producer far less CPU. One enqueue takes longer than the gap between
-    two jobs, so a few threads share the schedule; a job is never sent before its time."""
-    import threading
-
-    import psycopg
-
-    from dibs.queue.app import CHANNEL
-
+    Each pass enqueues the jobs whose time has come in one transaction: one ``app.enqueue()`` when one
+    is due (at low rates, nearly always), ``app.enqueue_many()`` of up to ``PRODUCER_CHUNK`` when the
+    producer's own round trip let several fall due. Each job carries ``time.time()`` taken just before
+    its enqueue call."""
     app = dibs.App(url)
 
     @app.task(name="stamp")
     async def stamp(sent: float) -> None:
         return None
 
-    address = sa.make_url(url)
-    local = threading.local()
-
-    def enqueue() -> None:
-        if producer == "dibs":
-            app.enqueue("stamp", {"sent": time.time()})
-            return
-        if not hasattr(local, "conn"):
-            local.conn = psycopg.connect(
-                host=address.host,
-                port=address.port,
-                user=address.username,
-                password=address.password,
-                dbname=address.database,
-            )
-        with local.conn.transaction():
-            local.conn.execute(RAW_ENQUEUE, {"args": json.dumps({"sent": time.time()}, separators=(",", ":"))})
-            local.conn.execute("SELECT pg_notify(%s, 'default')", (CHANNEL,))
-
     with app.engine.connect():
         pass
-    lock = threading.Lock()
-    slots = iter(range(total))
-    late: list[float] = []
+    mine = range(share, total, shares)
+    sent = transactions = 0
     start.wait()
     time.sleep(1.0)  # the worker is listening before the first job
     began = time.perf_counter()
-
-    def produce() -> None:
-        while True:
-            with lock:
-                n = next(slots, None)
-            if n is None:
-                if hasattr(local, "conn"):
-                    local.conn.close()
-                return
-            wait = began + n / rate - time.perf_counter()
-            if wait > 0:
-                time.sleep(wait)
-            else:
-                late.append(-wait)
-            enqueue()
-
-    producers = [threading.Thread(target=produce) for _ in range(threads)]
-    for thread in producers:
-        thread.start()
-    for thread in producers:
-        thread.join()
+    while sent < len(mine):
+        wait = mine[sent] / rate - (time.perf_counter() - began)
+        if wait > 0:
+            time.sleep(wait)
+            continue
+        due = 1
+        while (
+            sent + due < len(mine) and due < PRODUCER_CHUNK and mine[sent + due] / rate <= time.perf_counter() - began
+        ):
+            due += 1
+        now = time.time()
+        if due == 1:
+            app.enqueue("stamp", {"sent": now})
+        else:
+            app.enqueue_many("stamp", [{"sent": now}] * due)
+        sent += due
+        transactions += 1
     elapsed = time.perf_counter() - began
     app.engine.dispose()
-    return {
-        "producer": producer,
-        "producer_threads": threads,
-        "achieved_rate": total / elapsed,
-        "seconds": elapsed,
-        "sent_late": len(late),
-        "max_lateness_ms": max(late, default=0.0) * 1000,
-    }
+    return {"jobs": sent, "seconds": elapsed, "transactions": transactions}
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -666,22 +532,23 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, round(fraction * (len(ordered) - 1)))]
 
 
-def latency(
-    manager: Any, url: str, rate: float, seconds: float, producer: str, setting: dict[str, Any]
-) -> dict[str, Any]:
+def latency(manager: Any, url: str, rate: float, seconds: float, setting: dict[str, Any]) -> dict[str, Any]:
     """Enqueue-to-start latency of one worker (not burst) fed at ``rate`` jobs a second."""
     app = drain_app(url)
     dibs.schema.metadata.drop_all(app.engine)
     app.init()
     app.engine.dispose()
     total = round(rate * seconds)
+    shares = math.ceil(rate / PRODUCER_RATE)
     context = multiprocessing.get_context("spawn")
-    start = manager.Barrier(3)
-    with context.Pool(2) as pool:
+    start = manager.Barrier(shares + 2)
+    with context.Pool(shares + 1) as pool:
         worker = pool.apply_async(latency_worker, (url, total, setting, start))
-        sender = pool.apply_async(latency_producer, (url, rate, total, producer, PRODUCER_THREADS, start))
+        senders = [
+            pool.apply_async(latency_producer, (url, rate, total, share, shares, start)) for share in range(shares)
+        ]
         start.wait(timeout=120)
-        sent = sender.get(timeout=seconds * 5 + 120)
+        sent = [sender.get(timeout=seconds * 5 + 120) for sender in senders]
         seen = worker.get(timeout=120)
     if len(seen) != total:
         raise RuntimeError(f"latency: the worker started {len(seen)} of {total} jobs")
@@ -695,22 +562,22 @@ def latency(
     engine.dispose()
     unfinished = {row[0]: row[1] for row in rows if row[0] != "succeeded"}
     if unfinished or sum(row[1] for row in rows) != total:
-        print(f"  WARNING latency: expected {total} jobs succeeded, found {[(r[0], r[1]) for r in rows]}", flush=True)
-    done = [row for row in rows if row[0] == "succeeded"]
+        raise RuntimeError(f"latency: expected {total} jobs succeeded, found {[(r[0], r[1]) for r in rows]}")
     waits = [started - sent_at for sent_at, started in seen]
     return {
         "offered_rate": rate,
         "jobs": total,
-        **sent,
+        "producers": shares,
+        "achieved_rate": total / max(part["seconds"] for part in sent),
+        "jobs_per_transaction": total / sum(part["transactions"] for part in sent),
         "worker": setting,
         "p50_ms": percentile(waits, 0.50) * 1000,
         "p95_ms": percentile(waits, 0.95) * 1000,
         "p99_ms": percentile(waits, 0.99) * 1000,
         "max_ms": max(waits) * 1000,
         # started_at - enqueued_at, both statement times on the database clock.
-        "db_p50_ms": float(done[0][2]) * 1000 if done else None,
-        "db_p99_ms": float(done[0][3]) * 1000 if done else None,
-        "not_succeeded": unfinished,
+        "db_p50_ms": float(rows[0][2]) * 1000,
+        "db_p99_ms": float(rows[0][3]) * 1000,
     }
 
 
@@ -725,15 +592,7 @@ def parse_configs(text: str, poll: float) -> list[dict[str, Any]]:
     return configs
 
 
-def parse_pgqueuer(text: str) -> list[dict[str, Any]]:
-    settings = []
-    for item in text.split(","):
-        driver, batch = item.split("/")
-        settings.append({"driver": driver, "batch": int(batch)})
-    return settings
-
-
-def main(argv: list[str] | None = None) -> None:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument(
@@ -742,22 +601,30 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="jobs per trial (default: 50,000; 25,000 on MariaDB); small batch sizes drain fewer",
     )
-    parser.add_argument("--processes", default="1,2")
+    parser.add_argument("--processes", default="1,2,4,8")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--kinds", default="raw,dibs,pgqueuer")
-    parser.add_argument(
-        "--configs", default="10x20,50x200,100x500,200x1000", help="dibs worker settings, concurrency x batch"
-    )
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"of {', '.join(KINDS)}")
+    parser.add_argument("--configs", default="100x500,200x1000", help="dibs worker settings, concurrency x batch")
     parser.add_argument("--poll", type=float, default=2.0, help="dibs worker poll seconds (its default: 2)")
-    parser.add_argument("--pgqueuer", default="apg/10,apg/100,apg/500", help="pgqueuer settings, driver/batch_size")
-    parser.add_argument("--latency-rate", type=float, default=1000.0)
-    parser.add_argument("--latency-seconds", type=float, default=10.0, help="0 skips the latency measurement")
-    options = parser.parse_args(argv)
+    for name in PEERS:
+        parser.add_argument(f"--{name}", default=None, help=f"{name} settings (default: its module's SETTINGS)")
+    parser.add_argument("--latency-rates", default="500,2000,8000", help="offered jobs/s; empty skips latency")
+    parser.add_argument("--latency-seconds", type=float, default=8.0)
+    return parser
+
+
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the trials ``argv`` asks for; returns the results (also written to benchmarks/results)."""
+    options = arguments().parse_args(argv)
     backends = options.backends.split(",")
     kinds = options.kinds.split(",")
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        raise SystemExit(f"--kinds: unknown {sorted(unknown)}; known: {', '.join(KINDS)}")
     process_counts = [int(p) for p in options.processes.split(",")]
     configs = parse_configs(options.configs, options.poll)
-    pgqueuer_settings = parse_pgqueuer(options.pgqueuer) if "pgqueuer" in kinds else []
+    peers = {kind: peer_settings(kind, getattr(options, kind)) for kind in PEERS if kind in kinds}
+    rates = [float(rate) for rate in options.latency_rates.split(",") if rate]
     began = time.time()
     load_before = os.getloadavg()
 
@@ -773,60 +640,61 @@ def main(argv: list[str] | None = None) -> None:
                 own_database(backend, create=True)
                 total = options.jobs or DEFAULT_JOBS[backend]
                 enqueue_rates[backend] = prepare(backend, url, total)
-                pgq = PgqueuerDatabase() if backend == "postgresql" and pgqueuer_settings else None
+                here = {kind: settings for kind, settings in peers.items() if backend in peer(kind).BACKENDS}
+                databases = {kind: peer(kind).Database(backend, url) for kind in here}
                 try:
                     for processes in process_counts:
                         for _ in range(options.repeats):
-                            for kind, setting in round_plan(kinds, configs, pgqueuer_settings if pgq else []):
-                                jobs = trial_jobs(setting["batch"], total)
-                                result = trial(manager, kind, backend, url, setting, processes, jobs, pgq)
-                                trials.append(result)
-                                print(
-                                    f"  {backend:<10} x{processes}  {kind:<8} {result.setting:<12} {jobs:>7,} jobs "
-                                    f"{result.jobs_per_second:>10,.0f} jobs/s  (first claim to last completion: "
-                                    f"{jobs / result.db_seconds:,.0f} jobs/s; processes done at "
-                                    f"{', '.join(f'{end:.2f}' for end in result.ends)} s)",
-                                    flush=True,
+                            for kind, setting in round_plan(kinds, configs, here):
+                                jobs = peer(kind).JOBS if kind in PEERS else trial_jobs(setting["batch"], total)
+                                result = trial(
+                                    manager, kind, backend, url, setting, processes, jobs, databases.get(kind)
                                 )
+                                trials.append(result)
+                                print(f"  {describe(result)}", flush=True)
                 finally:
-                    if pgq is not None:
-                        pgq.close()
-            if "postgresql" in backends and options.latency_seconds > 0:
-                for producer in ("dibs", "raw"):
-                    result = latency(
-                        manager,
-                        where["postgresql"],
-                        options.latency_rate,
-                        options.latency_seconds,
-                        producer,
-                        {"concurrency": 10, "batch": 20, "poll": 2.0},  # the worker's defaults
-                    )
-                    latencies.append(result)
-                    print(f"  latency, {describe_latency(result)}", flush=True)
+                    for database in databases.values():
+                        database.close()
+            if "postgresql" in backends:
+                for rate in rates:
+                    measured = latency(manager, where["postgresql"], rate, options.latency_seconds, LATENCY_WORKER)
+                    latencies.append(measured)
+                    print(f"  latency, {describe_latency(measured)}", flush=True)
         finally:
             for backend in backends:
                 own_database(backend, create=False)
     load = {"start": load_before, "end": os.getloadavg()}  # other work on the machine shows here
-    report(trials, enqueue_rates, latencies, vars(options), time.time() - began, load)
+    return report(trials, enqueue_rates, latencies, vars(options), time.time() - began, load)
+
+
+def describe(result: Trial) -> str:
+    span = result.jobs / result.db_seconds if result.db_seconds == result.db_seconds else float("nan")
+    return (
+        f"{result.backend:<10} x{result.processes}  {result.kind:<13} {result.setting:<12} {result.jobs:>7,} jobs "
+        f"{result.jobs_per_second:>10,.0f} jobs/s  (first claim to last completion: {span:,.0f} jobs/s; "
+        f"processes done at {', '.join(f'{end:.2f}' for end in result.ends)} s)"
+    )
 
 
 def round_plan(
-    kinds: list[str], configs: list[dict[str, Any]], pgqueuer_settings: list[dict[str, Any]]
+    kinds: list[str], configs: list[dict[str, Any]], peers: dict[str, list[dict[str, Any]]]
 ) -> list[tuple[str, dict[str, Any]]]:
-    """One round of trials: each dibs setting after the raw floor at its batch size, then pgqueuer."""
+    """One round of trials: each dibs setting after the raw floor at its batch size, then the peers."""
     plan: list[tuple[str, dict[str, Any]]] = []
     for config in configs:
         if "raw" in kinds and all(setting["batch"] != config["batch"] for kind, setting in plan if kind == "raw"):
             plan.append(("raw", {"batch": config["batch"]}))
         if "dibs" in kinds:
             plan.append(("dibs", config))
-    return plan + [("pgqueuer", setting) for setting in pgqueuer_settings]
+    return plan + [(kind, setting) for kind, settings in peers.items() for setting in settings]
 
 
 # -- the report ------------------------------------------------------------------------------------
 
-GOALS = {"postgresql": 35_000.0, "sqlite": 30_000.0}
-PGQUEUER_GOAL = 2.5
+#: The goals, as ratios from the same run: dibs's best over each peer's best at the same number of
+#: processes, and over the raw floor at the same batch size.
+PEER_GOALS = {"pgqueuer": 2.5, "procrastinate": 50.0, "huey": 10.0}
+FLOOR_GOAL = 0.7
 
 
 def median_of(trials: list[Trial], **match: Any) -> float | None:
@@ -835,12 +703,12 @@ def median_of(trials: list[Trial], **match: Any) -> float | None:
 
 
 def summarize(trials: list[Trial]) -> list[dict[str, Any]]:
-    """Per backend and process count: the best median of each kind, and the ratios."""
+    """Per backend and process count: the best median of each kind, and dibs's ratios to the others."""
     summary = []
     for backend in dict.fromkeys(t.backend for t in trials):
         for processes in sorted({t.processes for t in trials if t.backend == backend}):
             row: dict[str, Any] = {"backend": backend, "processes": processes}
-            for kind in ("dibs", "pgqueuer", "raw"):
+            for kind in KINDS:
                 medians = {
                     t.setting: median_of(trials, backend=backend, processes=processes, kind=kind, setting=t.setting)
                     for t in trials
@@ -855,51 +723,50 @@ def summarize(trials: list[Trial]) -> list[dict[str, Any]]:
                 if floor:
                     row["raw_at_dibs_batch"] = {"setting": f"b{batch}", "jobs_per_second": floor}
                     row["dibs_over_raw"] = row["dibs"]["jobs_per_second"] / floor
-            if "dibs" in row and "pgqueuer" in row:
-                row["dibs_over_pgqueuer"] = row["dibs"]["jobs_per_second"] / row["pgqueuer"]["jobs_per_second"]
+            for kind in PEERS:
+                if "dibs" in row and kind in row:
+                    row[f"dibs_over_{kind}"] = row["dibs"]["jobs_per_second"] / row[kind]["jobs_per_second"]
             summary.append(row)
     return summary
 
 
 def goals(summary: list[dict[str, Any]]) -> list[str]:
+    """One line per goal and process count: the ratio, and met or MISSED."""
     lines = []
-    for backend in dict.fromkeys(row["backend"] for row in summary):
-        rows = [row for row in summary if row["backend"] == backend and "dibs" in row]
-        if not rows:
-            continue
-        best = max(rows, key=lambda row: row["dibs"]["jobs_per_second"])
-        rate = best["dibs"]["jobs_per_second"]
-        where = f"{best['dibs']['best']} x{best['processes']}"
-        if backend in GOALS:
-            verdict = "met" if rate >= GOALS[backend] else "MISSED"
-            lines.append(f"{backend}: best dibs {rate:,.0f} jobs/s ({where}); goal >= {GOALS[backend]:,.0f}: {verdict}")
-        else:
-            lines.append(f"{backend}: best dibs {rate:,.0f} jobs/s ({where}); no goal, reported")
-        pgq = [row for row in summary if row["backend"] == backend and "pgqueuer" in row]
-        if pgq:
-            top = max(pgq, key=lambda row: row["pgqueuer"]["jobs_per_second"])
-            ratio = rate / top["pgqueuer"]["jobs_per_second"]
-            verdict = "met" if ratio >= PGQUEUER_GOAL else "MISSED"
+    for row in summary:
+        where = f"{row['backend']} x{row['processes']}"
+        if "dibs_over_raw" in row:
+            ratio = row["dibs_over_raw"]
             lines.append(
-                f"{backend}: best dibs / best pgqueuer ({top['pgqueuer']['best']} x{top['processes']}, "
-                f"{top['pgqueuer']['jobs_per_second']:,.0f} jobs/s) = {ratio:.2f}; goal >= {PGQUEUER_GOAL}: {verdict}"
+                f"{where}: dibs {row['dibs']['jobs_per_second']:,.0f} ({row['dibs']['best']}) / raw floor at the same "
+                f"batch {row['raw_at_dibs_batch']['jobs_per_second']:,.0f} = {ratio:.2f}; goal >= {FLOOR_GOAL}: "
+                + ("met" if ratio >= FLOOR_GOAL else "MISSED")
             )
+        for kind, goal in PEER_GOALS.items():
+            if f"dibs_over_{kind}" in row:
+                ratio = row[f"dibs_over_{kind}"]
+                lines.append(
+                    f"{where}: dibs / {kind} ({row[kind]['jobs_per_second']:,.0f}, {row[kind]['best']}) = "
+                    f"{ratio:.2f}; goal >= {goal}: " + ("met" if ratio >= goal else "MISSED")
+                )
     return lines
 
 
 def describe_latency(result: dict[str, Any]) -> str:
     return (
-        f"{result['producer']} producer, {result['offered_rate']:,.0f} jobs/s offered, "
-        f"{result['achieved_rate']:,.0f} achieved ({result['jobs']:,} jobs): p50 {result['p50_ms']:.1f} ms, "
-        f"p95 {result['p95_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, max {result['max_ms']:.1f} ms "
-        f"(goal p50 < 5 ms {'met' if result['p50_ms'] < 5 else 'MISSED'}, "
-        f"p99 < 50 ms {'met' if result['p99_ms'] < 50 else 'MISSED'})"
+        f"{result['offered_rate']:,.0f} jobs/s offered, {result['achieved_rate']:,.0f} achieved ({result['jobs']:,} "
+        f"jobs, {result['jobs_per_transaction']:.1f} per transaction): p50 {result['p50_ms']:.1f} ms, "
+        f"p95 {result['p95_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, max {result['max_ms']:.1f} ms"
     )
 
 
-def versions() -> dict[str, str]:
+def versions(kinds: list[str]) -> dict[str, str]:
+    packages = ["dibs", "sqlalchemy", "psycopg", "pymysql"]
+    for kind in kinds:
+        if kind in PEERS:
+            packages.extend(peer(kind).PACKAGES)
     found = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
-    for package in ("dibs", "sqlalchemy", "psycopg", "pymysql", "pgqueuer", "asyncpg", "uvloop"):
+    for package in dict.fromkeys(packages):
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -920,66 +787,58 @@ def report(
     options: dict[str, Any],
     elapsed: float,
     load: dict[str, Any],
-) -> None:
+) -> dict[str, Any]:
     print("\nmedian jobs/s of each setting")
-    print(f"{'backend':<11}{'procs':>6}  {'kind':<9}{'setting':<13}{'jobs':>8}{'median':>11}{'trials':>8}")
+    print(f"{'backend':<11}{'procs':>6}  {'kind':<14}{'setting':<13}{'jobs':>8}{'median':>11}{'trials':>8}")
     seen = sorted(
         {(t.backend, t.processes, t.kind, t.batch, t.setting, t.jobs) for t in trials},
-        key=lambda k: (BACKENDS.index(k[0]), k[1], k[2], k[3], k[4]),
+        key=lambda k: (BACKENDS.index(k[0]), k[1], KINDS.index(k[2]), k[3], k[4]),
     )
     for backend, processes, kind, _, setting, jobs in seen:
         match = {"backend": backend, "processes": processes, "kind": kind, "setting": setting}
         count = sum(1 for t in trials if all(getattr(t, k) == v for k, v in match.items()))
         middle = median_of(trials, **match) or 0.0
-        print(f"{backend:<11}{processes:>6}  {kind:<9}{setting:<13}{jobs:>8,}{middle:>11,.0f}{count:>8}")
+        print(f"{backend:<11}{processes:>6}  {kind:<14}{setting:<13}{jobs:>8,}{middle:>11,.0f}{count:>8}")
 
     summary = summarize(trials)
-    print("\nbest median per kind; dibs/raw at dibs's best batch size, dibs/pgqueuer best against best")
-    print(
-        f"{'backend':<11}{'procs':>6}  {'dibs (best)':<24}{'raw floor':>18}{'pgqueuer (best)':>24}"
-        f"{'dibs/raw':>10}{'dibs/pgq':>10}"
-    )
+    print("\nbest median per kind; dibs/raw at dibs's best batch size, dibs/peer best against best")
+    print(f"{'backend':<11}{'procs':>6}  " + "".join(f"{kind:>15}" for kind in KINDS) + "   ratios")
     for row in summary:
-        dibs_cell = f"{row['dibs']['jobs_per_second']:,.0f} {row['dibs']['best']}" if "dibs" in row else "-"
-        raw = row.get("raw_at_dibs_batch")
-        raw_cell = f"{raw['jobs_per_second']:,.0f} {raw['setting']}" if raw else "-"
-        pgq = row.get("pgqueuer")
-        pgq_cell = f"{pgq['jobs_per_second']:,.0f} {pgq['best']}" if pgq else "-"
-        over_raw = f"{row['dibs_over_raw']:.2f}" if "dibs_over_raw" in row else "-"
-        over_pgq = f"{row['dibs_over_pgqueuer']:.2f}" if "dibs_over_pgqueuer" in row else "-"
-        print(
-            f"{row['backend']:<11}{row['processes']:>6}  {dibs_cell:<24}{raw_cell:>18}{pgq_cell:>24}"
-            f"{over_raw:>10}{over_pgq:>10}"
+        cells = "".join(f"{row[kind]['jobs_per_second']:>15,.0f}" if kind in row else f"{'-':>15}" for kind in KINDS)
+        ratios = ", ".join(
+            f"/{kind} {row[f'dibs_over_{kind}']:.2f}" for kind in ("raw", *PEERS) if f"dibs_over_{kind}" in row
         )
+        print(f"{row['backend']:<11}{row['processes']:>6}  {cells}   {ratios}")
     verdicts = goals(summary)
     print("\ngoals")
     for line in verdicts:
         print(f"  {line}")
     if latencies:
-        print("\nenqueue-to-start latency on PostgreSQL (goal: p50 < 5 ms, p99 < 50 ms)")
+        print("\nenqueue-to-start latency on PostgreSQL")
         for result in latencies:
             print(f"  {describe_latency(result)}")
     print(f"\ndibs enqueue_many while filling: {', '.join(f'{b} {r:,.0f} jobs/s' for b, r in enqueue_rates.items())}")
+    results = {
+        "benchmark": "drain",
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average": load},
+        "versions": versions(options["kinds"].split(",")),
+        "options": options,
+        "seconds": elapsed,
+        "summary": summary,
+        "goals": verdicts,
+        "latency": latencies,
+        "enqueue_many_jobs_per_second": enqueue_rates,
+        "trials": [asdict(t) | {"jobs_per_second": t.jobs_per_second} for t in trials],
+    }
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"drain-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(
-        json.dumps(
-            {
-                "benchmark": "drain",
-                "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average": load},
-                "versions": versions(),
-                "options": options,
-                "seconds": elapsed,
-                "summary": summary,
-                "goals": verdicts,
-                "latency": latencies,
-                "enqueue_many_jobs_per_second": enqueue_rates,
-                "trials": [asdict(t) | {"jobs_per_second": t.jobs_per_second} for t in trials],
-            },
-            indent=2,
-        )
-    )
+    out.write_text(json.dumps(results, indent=2))
     print(f"\nwritten to {out} after {elapsed / 60:.1f} minutes")
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(argv)
 
 
 if __name__ == "__main__":

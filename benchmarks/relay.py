@@ -765,7 +765,8 @@ def round_plan(kinds: list[str], configs: list[dict[str, Any]]) -> list[tuple[st
     return plan
 
 
-def main(argv: list[str] | None = None) -> None:
+def run(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the trials ``argv`` asks for; returns the results (also written to benchmarks/results)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=100_000, help="N, the backlog of each trial")
     parser.add_argument("--aggregates", type=int, default=1_000, help="A: event i belongs to aggregate i %% A")
@@ -824,7 +825,11 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         own_database(create=False)
     load = {"start": load_before, "end": os.getloadavg()}
-    report(trials, plans, prepared, vars(options), time.time() - began, load)
+    return report(trials, plans, prepared, vars(options), time.time() - began, load)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(argv)
 
 
 def describe(t: Trial) -> str:
@@ -930,7 +935,7 @@ def report(
     options: dict[str, Any],
     elapsed: float,
     load: dict[str, Any],
-) -> None:
+) -> dict[str, Any]:
     rows = table(trials)
     if rows:
         print("\nmedian events/s; ratios: dibs / each floor at the same batch size and number of relays")
@@ -971,26 +976,23 @@ def report(
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"relay-{time.strftime('%Y%m%d-%H%M%S')}.json"
     options = {key: str(value) if isinstance(value, Path) else value for key, value in options.items()}
-    out.write_text(
-        json.dumps(
-            {
-                "benchmark": "relay",
-                "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average": load},
-                "versions": versions(),
-                "servers": servers(),
-                "options": options,
-                "events": prepared,
-                "seconds": elapsed,
-                "table": rows,
-                "goal": verdicts,
-                "explain": plans,
-                "trials": [asdict(t) | {"events_per_second": t.events_per_second} for t in trials],
-            },
-            indent=2,
-            default=str,
-        )
-    )
+    results = {
+        "benchmark": "relay",
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average": load},
+        "versions": versions(),
+        "servers": servers(),
+        "options": options,
+        "events": prepared,
+        "seconds": elapsed,
+        "table": rows,
+        "goal": verdicts,
+        "explain": plans,
+        "trials": [asdict(t) | {"events_per_second": t.events_per_second} for t in trials],
+    }
+    out.write_text(json.dumps(results, indent=2, default=str))
     print(f"\nwritten to {out} after {elapsed / 60:.1f} minutes")
+    written: dict[str, Any] = json.loads(out.read_text())  # the same JSON types for every caller
+    return written
 
 
 def summarize_profile(path: Path, top: int = 25) -> str:
