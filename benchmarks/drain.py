@@ -338,15 +338,31 @@ def peer_settings(kind: str, text: str | None) -> list[dict[str, Any]]:
 # -- running trials --------------------------------------------------------------------------------
 
 
+class _Started:
+    """The start barrier, noting the process's CPU time when it is passed."""
+
+    def __init__(self, barrier: Any) -> None:
+        self.barrier = barrier
+        self.cpu = 0.0
+
+    def wait(self) -> None:
+        self.barrier.wait()
+        self.cpu = time.process_time()
+
+
 def _process(
     kind: str, backend: str, url: str, setting: dict[str, Any], owner: str, start: Any
 ) -> tuple[int, float, dict[str, Any]]:
+    """One worker process of a trial; its stats gain ``cpu_seconds``, the CPU time (every thread) it used
+    from the start barrier to its return."""
+    started = _Started(start)
     if kind == "dibs":
-        return dibs_drain(url, setting, owner, start)
-    if kind == "raw":
-        return raw_drain(backend, url, setting, owner, start)
-    result: tuple[int, float, dict[str, Any]] = peer(kind).drain(url, setting, start)
-    return result
+        done, end, stats = dibs_drain(url, setting, owner, started)
+    elif kind == "raw":
+        done, end, stats = raw_drain(backend, url, setting, owner, started)
+    else:
+        done, end, stats = peer(kind).drain(url, setting, started)
+    return done, end, {**stats, "cpu_seconds": time.process_time() - started.cpu}
 
 
 @dataclass
@@ -368,6 +384,11 @@ class Trial:
     @property
     def jobs_per_second(self) -> float:
         return self.jobs / self.seconds
+
+    @property
+    def cpu_us_per_job(self) -> float:
+        """The worker processes' CPU time per job, in microseconds (the database server's is not counted)."""
+        return float(sum(stats["cpu_seconds"] for stats in self.stats)) / self.jobs * 1e6
 
 
 def label(kind: str, setting: dict[str, Any]) -> str:
@@ -671,7 +692,8 @@ def describe(result: Trial) -> str:
     span = result.jobs / result.db_seconds if result.db_seconds == result.db_seconds else float("nan")
     return (
         f"{result.backend:<10} x{result.processes}  {result.kind:<13} {result.setting:<12} {result.jobs:>7,} jobs "
-        f"{result.jobs_per_second:>10,.0f} jobs/s  (first claim to last completion: {span:,.0f} jobs/s; "
+        f"{result.jobs_per_second:>10,.0f} jobs/s, {result.cpu_us_per_job:.0f} us CPU/job  (first claim to last "
+        f"completion: {span:,.0f} jobs/s; "
         f"processes done at {', '.join(f'{end:.2f}' for end in result.ends)} s)"
     )
 
@@ -789,7 +811,10 @@ def report(
     load: dict[str, Any],
 ) -> dict[str, Any]:
     print("\nmedian jobs/s of each setting")
-    print(f"{'backend':<11}{'procs':>6}  {'kind':<14}{'setting':<13}{'jobs':>8}{'median':>11}{'trials':>8}")
+    print(
+        f"{'backend':<11}{'procs':>6}  {'kind':<14}{'setting':<13}{'jobs':>8}{'median':>11}{'trials':>8}"
+        f"{'CPU us/job':>12}"
+    )
     seen = sorted(
         {(t.backend, t.processes, t.kind, t.batch, t.setting, t.jobs) for t in trials},
         key=lambda k: (BACKENDS.index(k[0]), k[1], KINDS.index(k[2]), k[3], k[4]),
@@ -798,7 +823,8 @@ def report(
         match = {"backend": backend, "processes": processes, "kind": kind, "setting": setting}
         count = sum(1 for t in trials if all(getattr(t, k) == v for k, v in match.items()))
         middle = median_of(trials, **match) or 0.0
-        print(f"{backend:<11}{processes:>6}  {kind:<14}{setting:<13}{jobs:>8,}{middle:>11,.0f}{count:>8}")
+        cpu = statistics.median(t.cpu_us_per_job for t in trials if all(getattr(t, k) == v for k, v in match.items()))
+        print(f"{backend:<11}{processes:>6}  {kind:<14}{setting:<13}{jobs:>8,}{middle:>11,.0f}{count:>8}{cpu:>12.0f}")
 
     summary = summarize(trials)
     print("\nbest median per kind; dibs/raw at dibs's best batch size, dibs/peer best against best")
@@ -828,7 +854,9 @@ def report(
         "goals": verdicts,
         "latency": latencies,
         "enqueue_many_jobs_per_second": enqueue_rates,
-        "trials": [asdict(t) | {"jobs_per_second": t.jobs_per_second} for t in trials],
+        "trials": [
+            asdict(t) | {"jobs_per_second": t.jobs_per_second, "cpu_us_per_job": t.cpu_us_per_job} for t in trials
+        ],
     }
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"drain-{time.strftime('%Y%m%d-%H%M%S')}.json"
