@@ -7,8 +7,11 @@ import itertools
 import threading
 import time
 from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 import dibs
 from tests.queue.conftest import QueueDatabase
@@ -311,3 +314,36 @@ def test_an_async_job_past_its_timeout_is_stopped_retried_then_dead(qdb: QueueDa
     assert dead.last_error.startswith("TimeoutError: the job ran longer than its timeout of 0.3 seconds")
     assert (stats.retried, stats.dead) == (1, 1)
     assert len(attempts) == 2
+
+
+def test_on_sqlite_the_ordering_key_check_reads_the_ordering_index(tmp_path: Path) -> None:
+    """SQLite uses a partial index only when the query repeats its condition with the same literals: with the
+    live states bound as parameters, the check scanned the whole table for every candidate with a key."""
+    from dibs.queue.store import JobStore
+
+    app = dibs.App(f"sqlite:///{tmp_path / 'ordering.sqlite'}")
+
+    @app.task(name="account.apply", ordering_key="account")
+    def apply(account: str) -> None:
+        return None
+
+    app.init()
+    app.enqueue_many(apply, [{"account": f"a{n % 50}"} for n in range(500)])
+    statements: list[tuple[str, Any]] = []
+
+    def caught(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        if "dibs_other" in statement:
+            statements.append((statement, parameters))
+
+    sa.event.listen(app.engine, "before_cursor_execute", caught)
+    claimed = JobStore(app.engine).claim(
+        app.engine, owner="w", lease_seconds=30, limit=100, queues=["default"], tasks=[apply.name], tags=[]
+    )
+    sa.event.remove(app.engine, "before_cursor_execute", caught)
+    assert len(claimed) == 50, "one job per account: the oldest of each"
+    statement, parameters = statements[0]
+    with app.engine.connect() as conn:
+        plan = " | ".join(row[-1] for row in conn.exec_driver_sql(f"EXPLAIN QUERY PLAN {statement}", parameters))
+    app.engine.dispose()
+    assert "dibs_jobs_ordering" in plan, plan
+    assert "SCAN dibs_other" not in plan, plan
