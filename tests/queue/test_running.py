@@ -347,3 +347,28 @@ def test_on_sqlite_the_ordering_key_check_reads_the_ordering_index(tmp_path: Pat
     app.engine.dispose()
     assert "dibs_jobs_ordering" in plan, plan
     assert "SCAN dibs_other" not in plan, plan
+
+
+def test_a_burst_worker_stops_when_only_jobs_of_tasks_it_does_not_run_are_left(qdb: QueueDatabase) -> None:
+    producer = qdb.app()
+
+    @producer.task(name="mail.send")
+    def send() -> None:
+        return None
+
+    @producer.task(name="report.build")
+    def build() -> None:
+        return None
+
+    producer.enqueue_many(send, [{}] * 3)
+    waiting = producer.enqueue(build, {})
+    mailer = qdb.app()
+
+    @mailer.task(name="mail.send")
+    def send_here() -> None:
+        return None
+
+    stats = qdb.drain(mailer, timeout=10.0)
+
+    assert stats.succeeded == 3
+    assert producer.get(waiting.id).status == "queued"

@@ -150,6 +150,28 @@ class JobStore:
         with connected(conn) as reader:
             return set(reader.execute(query).scalars())
 
+    def work_left(self, conn: Engine | Connection, queues: Sequence[str], tasks: Sequence[str]) -> bool:
+        """Whether any job of these queues and tasks is queued, scheduled or running: three probes, each
+        answered from a partial index, however many finished jobs the table holds (a burst worker asks
+        this each time a claim comes back empty; counting every job per state read the whole table)."""
+        in_queues = sa.and_(
+            jobs.c.queue.in_(sa.bindparam("dibs_queues", expanding=True)),
+            jobs.c.task.in_(sa.bindparam("dibs_tasks", expanding=True)),
+        )
+
+        def state(name: str) -> sa.ColumnElement[bool]:
+            # A literal: SQLite uses a partial index only for a query that repeats its condition as written.
+            return jobs.c.status == sa.literal(name, literal_execute=True)
+
+        probes = [
+            sa.exists(sa.select(jobs.c.id).where(state(QUEUED), in_queues)),
+            sa.exists(sa.select(jobs.c.id).where(state(SCHEDULED), in_queues)),
+            sa.exists(sa.select(jobs.c.id).where(state(RUNNING), jobs.c.lease_expires_at.is_not(None), in_queues)),
+        ]
+        parameters = {"dibs_queues": list(queues), "dibs_tasks": list(tasks)}
+        with connected(conn) as connection:
+            return bool(connection.execute(sa.select(sa.or_(*probes)), parameters).scalar_one())
+
     # -- upkeep ------------------------------------------------------------------------------------
 
     def promote_due(self, conn: Engine | Connection, limit: int = UPKEEP_BATCH) -> int:

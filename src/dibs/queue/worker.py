@@ -295,12 +295,8 @@ class Worker:
         promoted = await self._call(self._store.promote_due, self.app.engine)
         if promoted:
             return False
-        statuses = await self._call(self.app.status)
-        for status in statuses:
-            counts = status.counts
-            if status.queue in self.queues and (counts["queued"] or counts["scheduled"] or counts["running"]):
-                return False
-        return True
+        left = await self._call(self._store.work_left, self.app.engine, self.queues, self.task_names)
+        return not left
 
     async def _sleep(self, seconds: float) -> None:
         assert self._wake is not None
