@@ -101,7 +101,8 @@ def backlog(results: dict[str, Any], out: Path) -> Path | None:
     if not grown:
         return None
     plt = _pyplot()
-    figure, axis = plt.subplots(figsize=(6, 4))
+    figure, axis = plt.subplots(figsize=(8, 4.5))
+    colours = {"postgresql": "#1f77b4", "sqlite": "#2ca02c", "mariadb": "#ff7f0e"}
     for backend, batch, kind in dict.fromkeys((row["backend"], row["batch"], row["kind"]) for row in grown):
         points = sorted(
             (row["backlog"], row["claim_ms_median"])
@@ -111,7 +112,8 @@ def backlog(results: dict[str, Any], out: Path) -> Path | None:
         axis.plot(
             [backlog for backlog, _ in points],
             [ms for _, ms in points],
-            marker="o",
+            marker="o" if batch <= 100 else "s",
+            color=colours.get(backend),
             linestyle="--" if kind == "raw" else "-",
             label=f"{BACKEND_NAMES.get(backend, backend)}, batch {batch}{', raw floor' if kind == 'raw' else ''}",
         )
@@ -120,8 +122,8 @@ def backlog(results: dict[str, Any], out: Path) -> Path | None:
     axis.set_xlabel("queued jobs")
     axis.set_ylabel("one claim, ms (median)")
     axis.grid(True, which="both", alpha=0.3)
-    axis.legend(fontsize="x-small")
-    axis.set_title("Claim cost as the backlog grows")
+    axis.legend(fontsize="x-small", loc="center left", bbox_to_anchor=(1.02, 0.5))
+    axis.set_title("Claim cost as the backlog grows (solid: dibs, dashed: raw floor)")
     figure.tight_layout()
     path = out / "backlog.png"
     figure.savefig(path, dpi=110)
