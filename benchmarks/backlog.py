@@ -45,7 +45,6 @@ the same options as keywords; both return the results as a JSON-able dict.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import platform
@@ -58,7 +57,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,13 +64,13 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 import dibs
+from benchmarks import record
+from benchmarks.drain import MARIADB_URL, PG_CLAIM, PG_COMPLETE, POSTGRES_URL, SQLITE_CLAIM
 from dibs.queue.store import JobStore
 from dibs.schema import jobs
 
 # The servers (the same variables as the other benchmarks); every scenario is a database of its own on
 # them, created at the start and dropped at the end.
-POSTGRES_URL = os.environ.get("DIBS_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
-MARIADB_URL = os.environ.get("DIBS_BENCH_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 DATABASE_PREFIX = "dibs_bench_backlog"
 TEMPLATE = "dibs_bench_backlog_template"
 TEMPLATE_JOBS = 10_000
@@ -98,7 +96,6 @@ DEFAULT_FILL_BUDGET = 180.0
 LEASE_SECONDS = 30.0
 GOAL = 1.5
 RESULTS = Path(__file__).parent / "results"
-ROOT = Path(__file__).parent.parent
 
 #: dibs_jobs's columns, in table order.
 COLUMNS = [column.name for column in jobs.columns]
@@ -292,34 +289,6 @@ def status_counts(scenario: Scenario) -> dict[str, int]:
 
 # -- the raw floor: the claim and completion shapes of benchmarks.drain, on the bare driver ---------
 
-PG_CLAIM = """
-WITH picked AS MATERIALIZED (
-    SELECT id FROM dibs_jobs
-    WHERE status = 'queued' AND queue = 'default'
-    ORDER BY priority DESC, run_at, id
-    LIMIT %(batch)s FOR UPDATE SKIP LOCKED)
-UPDATE dibs_jobs AS j SET status = 'running', lease_owner = %(owner)s,
-    lease_expires_at = statement_timestamp() + interval '30 seconds', lease_token = j.lease_token + 1,
-    attempts = j.attempts + 1, started_at = statement_timestamp()
-WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING j.*
-"""
-PG_COMPLETE = """
-UPDATE dibs_jobs SET status = 'succeeded', lease_expires_at = NULL, dedupe_key = NULL,
-    finished_at = statement_timestamp()
-WHERE id = ANY(%(ids)s::bigint[])
-    AND lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], id)]
-    AND status = 'running'
-RETURNING id
-"""
-SQLITE_CLAIM = """
-UPDATE dibs_jobs SET status = 'running', lease_owner = ?, lease_expires_at = ?,
-    lease_token = lease_token + 1, attempts = attempts + 1, started_at = ?
-WHERE id IN (
-    SELECT id FROM dibs_jobs WHERE status = 'queued' AND queue = 'default'
-    ORDER BY priority DESC, run_at, id LIMIT ?)
-RETURNING *
-"""
 MARIADB_PICK = (
     "SELECT id FROM dibs_jobs WHERE status = 'queued' AND queue = 'default' "
     "ORDER BY priority DESC, run_at, id LIMIT %s FOR UPDATE SKIP LOCKED"
@@ -1046,19 +1015,7 @@ def servers(backends: Sequence[str]) -> dict[str, Any]:
 
 
 def versions() -> dict[str, str]:
-    found = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
-    for package in ("sqlalchemy", "psycopg", "pymysql"):
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
-    found["dibs"] = dibs.__version__
-    # What was measured: the library's sources change under a running benchmark if someone edits them.
-    digest = hashlib.sha256()
-    for path in sorted((ROOT / "src" / "dibs").rglob("*.py")):
-        digest.update(path.read_bytes())
-    found["dibs_sources_sha256"] = digest.hexdigest()[:16]
-    return found
+    return record.versions(("sqlalchemy", "psycopg", "pymysql"))
 
 
 def numbers(text: str) -> list[int]:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
 import importlib
 import json
 import math
@@ -38,13 +37,13 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
 import dibs
+from benchmarks import record
 
 # The servers (the same variables as benchmarks.claim); the run works in databases of its own on them,
 # created at the start and dropped at the end, so that it never touches anyone's dibs tables.
@@ -60,7 +59,6 @@ DEFAULT_JOBS = {"postgresql": 50_000, "sqlite": 50_000, "mariadb": 25_000}
 JOBS_PER_BATCH = 250
 BACKENDS = ("postgresql", "sqlite", "mariadb")
 RESULTS = Path(__file__).parent / "results"
-ROOT = Path(__file__).parent.parent
 
 
 def drain_app(url: str) -> dibs.App:
@@ -787,19 +785,7 @@ def versions(kinds: list[str]) -> dict[str, str]:
     for kind in kinds:
         if kind in PEERS:
             packages.extend(peer(kind).PACKAGES)
-    found = {"python": platform.python_version(), "sqlite": sqlite3.sqlite_version}
-    for package in dict.fromkeys(packages):
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
-    found["dibs"] = dibs.__version__
-    # What was measured: the library's sources change under a running benchmark if someone edits them.
-    digest = hashlib.sha256()
-    for path in sorted((ROOT / "src" / "dibs").rglob("*.py")):
-        digest.update(path.read_bytes())
-    found["dibs_sources_sha256"] = digest.hexdigest()[:16]
-    return found
+    return record.versions(packages)
 
 
 def report(

@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import hashlib
 import json
 import multiprocessing
 import os
@@ -63,13 +62,13 @@ import sys
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 
 import dibs
+from benchmarks import record
 
 POSTGRES_URL = os.environ.get("DIBS_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("DIBS_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -87,7 +86,6 @@ KINDS = ("raw", "raw-tuned", "dibs")
 GOAL = 20_000.0
 GOAL_RELAYS = 2
 RESULTS = Path(__file__).parent / "results"
-ROOT = Path(__file__).parent.parent
 
 #: What a relay process keeps open after it returns (its database sessions), until the parent has read
 #: the server's CPU time.
@@ -889,19 +887,7 @@ def table(trials: list[Trial]) -> list[dict[str, Any]]:
 
 
 def versions() -> dict[str, str]:
-    found = {"python": platform.python_version()}
-    for package in ("dibs", "sqlalchemy", "psycopg", "psycopg-binary", "redis", "hiredis"):
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            continue
-    found["dibs"] = dibs.__version__
-    # What was measured: the library's sources change under a running benchmark if someone edits them.
-    digest = hashlib.sha256()
-    for path in sorted((ROOT / "src" / "dibs").rglob("*.py")):
-        digest.update(path.read_bytes())
-    found["dibs_sources_sha256"] = digest.hexdigest()[:16]
-    return found
+    return record.versions(("sqlalchemy", "psycopg", "psycopg-binary", "redis", "hiredis"))
 
 
 def servers() -> dict[str, Any]:
