@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 from tests.harness import Harness
-from tests.targets import IN_CI, MARIADB_URL, POSTGRES_URL, TARGETS, Target, with_driver
+from tests.targets import IN_CI, MARIADB_URL, POSTGRES_URL, TARGETS, Target, database_url, with_driver
 
 _session_database = f"dibs_test_{os.getpid()}"
 _table_numbers = itertools.count()
@@ -64,13 +64,7 @@ def mariadb_database() -> Iterator[sa.URL]:
 
 
 def target_url(request: pytest.FixtureRequest, target: Target, tmp_path: Path) -> sa.URL:
-    if target.family == "postgresql":
-        base: sa.URL = request.getfixturevalue("postgres_database")
-    elif target.family == "mariadb":
-        base = request.getfixturevalue("mariadb_database")
-    else:
-        base = sa.make_url("sqlite://" if target.memory else f"sqlite:///{tmp_path / 'dibs.sqlite'}")
-    return with_driver(base, target.driver)
+    return database_url(request, target.family, target.driver, None if target.memory else tmp_path / "dibs.sqlite")
 
 
 @pytest.fixture(params=TARGETS, ids=[target.id for target in TARGETS])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
@@ -77,3 +79,15 @@ TARGETS = _targets()
 def with_driver(url: str | sa.URL, driver: str) -> sa.URL:
     """The same database reached through another driver."""
     return sa.make_url(url).set(drivername=driver)
+
+
+def database_url(request: Any, family: str, driver: str, sqlite_file: Path | None) -> sa.URL:
+    """The test session's database on the PostgreSQL or MariaDB server, or an SQLite file (in memory when
+    ``sqlite_file`` is None), with ``driver``. ``request`` is the asking fixture's."""
+    if family == "postgresql":
+        base: sa.URL = request.getfixturevalue("postgres_database")
+    elif family == "mariadb":
+        base = request.getfixturevalue("mariadb_database")
+    else:
+        base = sa.make_url("sqlite://" if sqlite_file is None else f"sqlite:///{sqlite_file}")
+    return with_driver(base, driver)

@@ -23,7 +23,7 @@ from tests.due.support import (
     sources_table,
     storable,
 )
-from tests.targets import with_driver
+from tests.targets import database_url
 
 BACKENDS = ("postgresql", "sqlite", "mariadb")
 SYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite+pysqlite", "mariadb": "mysql+pymysql"}
@@ -51,13 +51,7 @@ def drop_tables(url: sa.URL) -> None:
 def due_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.URL]:
     """A database without the test tables (a file in tmp_path on SQLite; the session's database on the servers)."""
     family: str = request.param
-    if family == "postgresql":
-        base: sa.URL = request.getfixturevalue("postgres_database")
-    elif family == "mariadb":
-        base = request.getfixturevalue("mariadb_database")
-    else:
-        base = sa.make_url(f"sqlite:///{tmp_path / 'due.sqlite'}")
-    url = with_driver(base, SYNC_DRIVERS[family])
+    url = database_url(request, family, SYNC_DRIVERS[family], tmp_path / "due.sqlite")
     drop_tables(url)
     yield url
     drop_tables(url)

@@ -29,7 +29,7 @@ from tests.outbox.brokers import (
 )
 from tests.outbox.support import OutboxDatabase
 from tests.queue.support import BACKENDS, SYNC_DRIVERS, drop_everything
-from tests.targets import IN_CI, with_driver
+from tests.targets import IN_CI, database_url
 
 # -- brokers: the publisher tests' fixtures --------------------------------------------------------------
 
@@ -127,13 +127,7 @@ def outbox_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.UR
     """A database with a fresh, current dibs schema (a file in tmp_path on SQLite; the session's database
     on the servers), its tables dropped after the test."""
     family: str = request.param
-    if family == "postgresql":
-        base: sa.URL = request.getfixturevalue("postgres_database")
-    elif family == "mariadb":
-        base = request.getfixturevalue("mariadb_database")
-    else:
-        base = sa.make_url(f"sqlite:///{tmp_path / 'outbox.sqlite'}")
-    url = with_driver(base, SYNC_DRIVERS[family])
+    url = database_url(request, family, SYNC_DRIVERS[family], tmp_path / "outbox.sqlite")
     drop_everything(url)
     engine = dibs.create_engine(url)
     try:

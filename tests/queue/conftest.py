@@ -12,20 +12,14 @@ from sqlalchemy.engine import Engine
 
 import dibs
 from tests.queue.support import BACKENDS, FAST, SYNC_DRIVERS, WorkerThread, drop_everything, family_of
-from tests.targets import with_driver
+from tests.targets import database_url
 
 
 @pytest.fixture(params=BACKENDS)
 def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.URL]:
     """A database without dibs tables (a file in tmp_path on SQLite; the session's database on the servers)."""
     family: str = request.param
-    if family == "postgresql":
-        base: sa.URL = request.getfixturevalue("postgres_database")
-    elif family == "mariadb":
-        base = request.getfixturevalue("mariadb_database")
-    else:
-        base = sa.make_url(f"sqlite:///{tmp_path / 'queue.sqlite'}")
-    url = with_driver(base, SYNC_DRIVERS[family])
+    url = database_url(request, family, SYNC_DRIVERS[family], tmp_path / "queue.sqlite")
     drop_everything(url)
     yield url
     drop_everything(url)
