@@ -65,7 +65,7 @@ from sqlalchemy import event
 
 import dibs
 from benchmarks import record
-from benchmarks.drain import MARIADB_URL, PG_CLAIM, PG_COMPLETE, POSTGRES_URL, SQLITE_CLAIM
+from benchmarks.drain import MARIADB_URL, PG_CLAIM, PG_COMPLETE, POSTGRES_URL, SQLITE_CLAIM, drain_app
 from dibs.queue.store import JobStore
 from dibs.schema import jobs
 
@@ -100,17 +100,6 @@ RESULTS = Path(__file__).parent / "results"
 #: dibs_jobs's columns, in table order.
 COLUMNS = [column.name for column in jobs.columns]
 COPIED = [name for name in COLUMNS if name != "id"]
-
-
-def job_app(url: str) -> dibs.App:
-    """The app of every scenario: one async no-op task on the default queue."""
-    app = dibs.App(url)
-
-    @app.task(name="noop")
-    async def noop() -> None:
-        return None
-
-    return app
 
 
 # -- scenarios and their databases -----------------------------------------------------------------
@@ -225,7 +214,7 @@ def fill(scenario: Scenario, budget: float) -> None:
     rows (ids 1..F) and the queued ones (ids F+1..F+Q), copied from the template; fresh statistics."""
     backend = scenario.backend
     own_database(scenario, create=True)
-    app = job_app(scenario.url)
+    app = drain_app(scenario.url)
     engine = app.engine
     app.init()
     began = time.perf_counter()
@@ -457,7 +446,7 @@ class DibsQueue:
     """A scenario's app and the claim and completion exactly as a worker of it calls them."""
 
     def __init__(self, scenario: Scenario) -> None:
-        self.app = job_app(scenario.url)
+        self.app = drain_app(scenario.url)
         self.store: JobStore = self.app.store
         # The worker is only asked for its claim parameters (queues, tasks, tags, lease, name); not run.
         self.worker = self.app.worker(handle_signals=False, name=f"dibs-{os.getpid()}", lease=LEASE_SECONDS)

@@ -44,6 +44,7 @@ import sqlalchemy as sa
 
 import dibs
 from benchmarks import record
+from benchmarks.connect import psycopg_connect
 
 # The servers (the same variables as benchmarks.claim); the run works in databases of its own on them,
 # created at the start and dropped at the end, so that it never touches anyone's dibs tables.
@@ -186,18 +187,8 @@ RETURNING id
 
 
 def raw_postgresql(url: str, batch: int, owner: str, start: Any) -> int:
-    import psycopg
-
-    address = sa.make_url(url)
     # Autocommit: each statement is atomic on its own, no BEGIN/COMMIT round trips.
-    with psycopg.connect(
-        host=address.host,
-        port=address.port,
-        user=address.username,
-        password=address.password,
-        dbname=address.database,
-        autocommit=True,
-    ) as conn:
+    with psycopg_connect(url, autocommit=True) as conn:
         start.wait()
         done = 0
         while True:

@@ -69,6 +69,7 @@ import sqlalchemy as sa
 
 import dibs
 from benchmarks import record
+from benchmarks.connect import psycopg_connect
 
 POSTGRES_URL = os.environ.get("DIBS_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("DIBS_BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -112,20 +113,6 @@ def event_fields(i: int, aggregates: int) -> dict[str, Any]:
             "channel": "web",
         },
     }
-
-
-def psycopg_connect(url: str, **options: Any) -> Any:
-    import psycopg
-
-    address = sa.make_url(url)
-    return psycopg.connect(
-        host=address.host,
-        port=address.port,
-        user=address.username,
-        password=address.password,
-        dbname=address.database,
-        **options,
-    )
 
 
 def bench_url() -> str:
