@@ -124,6 +124,16 @@ def test_it_catches_a_stale_completion_that_changed_the_row() -> None:
     assert problems_with(story.check(), "reported lost")
 
 
+def test_a_final_state_without_a_completion_is_explained_only_by_a_kill_in_flight() -> None:
+    story = Story().add(10.0, "claimed", 1, "w1", token=1, expires_at=11.5).add(10.1, "started", 1, "w1", token=1)
+    story.add(10.2, "finished", 1, "w1", token=1, outcome="returned").row(1)
+    assert problems_with(story.check(), "no recorded completion")
+    story.add(10.3, "fault", "w1", "harness", fault="killed")
+    report = story.check()
+    report.assert_ok()
+    assert report.unrecorded == 1
+
+
 def test_it_catches_ordering_violations() -> None:
     # Job 2 (same key, enqueued later) started before job 1, and while it ran.
     story = Story().run(1, 1, "w1", 10.5).run(2, 1, "w2", 10.0, length=1.0)
