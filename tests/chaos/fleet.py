@@ -77,7 +77,11 @@ class Fleet:
         return read_jobs(self.engine)
 
     def unfinished(self) -> int:
-        return sum(1 for row in self.rows() if row["status"] not in TERMINAL)
+        from dibs.schema import jobs
+
+        query = sa.select(sa.func.count()).select_from(jobs).where(jobs.c.status.not_in(TERMINAL))
+        with self.engine.connect() as conn:
+            return int(conn.execute(query).scalar_one())
 
     # -- processes ---------------------------------------------------------------------------------
 
@@ -204,7 +208,8 @@ class Fleet:
     def check(self, **options: Any) -> Report:
         """Stop the workers, then check the whole history against the final rows."""
         self.close_workers()
-        report = check_jobs(self.events(), self.rows(), committed=self.committed, **options)
+        options.setdefault("committed", self.committed)
+        report = check_jobs(self.events(), self.rows(), **options)
         print(f"[{self.family}] {report.summary}")
         return report
 
@@ -216,6 +221,37 @@ class Fleet:
         self.recorder.close()
         self.app.engine.dispose()
         self.engine.dispose()
+
+
+def kill_connections(fleet: Fleet) -> int:
+    """Kill every other session on the test's database from the server side; returns how many."""
+    engine = sa.create_engine(fleet.url)
+    try:
+        with engine.connect() as conn:
+            if fleet.family == "postgresql":
+                query = (
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                killed = int(conn.execute(sa.text(query)).scalar_one())
+            else:
+                sessions = conn.execute(
+                    sa.text(
+                        "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
+                    )
+                ).scalars()
+                killed = 0
+                for session in list(sessions):
+                    try:
+                        conn.execute(sa.text(f"KILL CONNECTION {int(session)}"))
+                        killed += 1
+                    except sa.exc.DBAPIError:  # it ended by itself meanwhile
+                        pass
+    finally:
+        engine.dispose()
+    fleet.recorder.fault("connections-killed", "*", sessions=killed)
+    fleet.faults += 1
+    return killed
 
 
 def fleet_for(url: sa.URL, tmp_path: Path) -> Iterator[Fleet]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.chaos.fleet import Fleet, fleet_for
+from tests.chaos.fleet import Fleet, fleet_for, kill_connections
 from tests.chaos.history import Event
 from tests.queue.conftest import empty_url, queue_url  # noqa: F401 - fixtures
 
@@ -157,37 +157,6 @@ def test_poison_jobs_end_dead_and_the_jobs_around_them_succeed(fleet: Fleet) -> 
     others = [row for job, row in rows.items() if job not in (failing, hanging, suicidal)]
     assert len(others) == 180
     assert all(row["status"] == "succeeded" for row in others)
-
-
-def kill_connections(fleet: Fleet) -> int:
-    """Kill every other session on the test's database from the server side; returns how many."""
-    engine = sa.create_engine(fleet.url)
-    try:
-        with engine.connect() as conn:
-            if fleet.family == "postgresql":
-                query = (
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
-                killed = int(conn.execute(sa.text(query)).scalar_one())
-            else:
-                sessions = conn.execute(
-                    sa.text(
-                        "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-                    )
-                ).scalars()
-                killed = 0
-                for session in list(sessions):
-                    try:
-                        conn.execute(sa.text(f"KILL CONNECTION {int(session)}"))
-                        killed += 1
-                    except sa.exc.DBAPIError:  # it ended by itself meanwhile
-                        pass
-    finally:
-        engine.dispose()
-    fleet.recorder.fault("connections-killed", "*", sessions=killed)
-    fleet.faults += 1
-    return killed
 
 
 def test_workers_ride_out_server_side_connection_kills(fleet: Fleet) -> None:
