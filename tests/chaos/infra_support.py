@@ -1,0 +1,135 @@
+"""What the infrastructure scenarios share: recording workers in processes of their own, a throwaway
+PostgreSQL server as a fixture-friendly helper, and the end-of-run history check."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from tests.chaos.history import Report, check_jobs, load, read_jobs
+from tests.chaos.servers import ServerUnavailable, ThrowawayPostgres
+from tests.queue.support import wait_until
+from tests.targets import IN_CI
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class WorkerProcess:
+    """A recording worker (tests.chaos.infra_worker) in an OS process of its own; its output in a log file."""
+
+    def __init__(self, directory: Path, history: Path, name: str, db_url: sa.URL, *options: str) -> None:
+        self.name = name
+        directory.mkdir(parents=True, exist_ok=True)
+        self.log = directory / f"{name}.log"
+        self.ready = directory / f"{name}.ready"
+        self.stats_file = directory / f"{name}.stats"
+        command = [
+            sys.executable, "-m", "tests.chaos.infra_worker", db_url.render_as_string(hide_password=False),
+            "--history", str(history), "--actor", name, "--ready", str(self.ready), "--stats", str(self.stats_file),
+            *options,
+        ]  # fmt: skip
+        environment = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        }
+        with self.log.open("wb") as output:
+            self.process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=output, stderr=subprocess.STDOUT)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def terminate(self) -> None:
+        if self.alive():
+            self.process.send_signal(signal.SIGTERM)
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"worker {self.name} did not exit within {timeout} s:\n{self.output()}") from None
+
+    def stats(self) -> dict[str, int]:
+        data: dict[str, int] = json.loads(self.stats_file.read_text())
+        return data
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait(10)
+
+
+def wait_ready(workers: Sequence[WorkerProcess], timeout: float = 60.0) -> None:
+    for worker in workers:
+        wait_until(
+            lambda worker=worker: worker.ready.exists() or not worker.alive(),
+            timeout=timeout,
+            what=f"worker {worker.name} to start",
+        )
+        assert worker.alive(), f"worker {worker.name} died while starting:\n{worker.output()}"
+
+
+def stop_all(workers: Sequence[WorkerProcess], timeout: float = 30.0) -> None:
+    """SIGTERM every worker (all must still be running: none gave up on a fault) and see each exit cleanly."""
+    for worker in workers:
+        assert worker.alive(), f"worker {worker.name} died during the run:\n{worker.output()[-4000:]}"
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        assert worker.wait(timeout) == 0, f"worker {worker.name} did not stop cleanly:\n{worker.output()[-4000:]}"
+
+
+def checked_history(history: Path, engine: Engine, committed: Sequence[int]) -> Report:
+    """Run the history checker over a finished run; fails with every problem found."""
+    report = check_jobs(load(history), read_jobs(engine), committed=committed)
+    report.assert_ok()
+    assert report.executions >= len(committed), report.summary
+    return report
+
+
+def start_throwaway_postgres(request: pytest.FixtureRequest) -> ThrowawayPostgres:
+    """A throwaway PostgreSQL server, destroyed when the test ends (a finalizer: also on failure). A machine
+    where none can be started skips the test, and fails it in CI, saying why."""
+    try:
+        server = ThrowawayPostgres()
+    except ServerUnavailable as error:
+        _unavailable(str(error))
+        raise
+    request.addfinalizer(server.destroy)
+    try:
+        server.start()
+    except ServerUnavailable as error:
+        _unavailable(str(error))
+        raise
+    return server
+
+
+def _unavailable(why: str) -> None:
+    message = f"cannot start a throwaway PostgreSQL server on this machine: {why}"
+    if IN_CI:
+        pytest.fail(f"CI needs the database-restart scenario: {message}", pytrace=False)
+    pytest.skip(message)
+
+
+def wait_while_running(workers: Sequence[WorkerProcess], condition: Any, timeout: float, what: str) -> None:
+    """Poll ``condition()`` until it holds; fails at once if a worker died, and after ``timeout`` with the
+    tail of every worker's log (a real hang says where each worker was)."""
+    try:
+        wait_until(lambda: condition() or not all(worker.alive() for worker in workers), timeout=timeout, what=what)
+    except AssertionError as error:
+        tails = "\n".join(f"--- {worker.name}:\n{worker.output()[-2500:]}" for worker in workers)
+        raise AssertionError(f"{error}\n{tails}") from None
+    for worker in workers:
+        assert worker.alive(), f"worker {worker.name} died while waiting for {what}:\n{worker.output()[-4000:]}"
