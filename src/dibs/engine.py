@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
@@ -18,8 +19,12 @@ if TYPE_CHECKING:
 
 def create_engine(url: str | sa.URL, **options: Any) -> Engine:
     """A SQLAlchemy Engine for ``url``, tuned for claiming (on SQLite: WAL, a busy timeout)."""
-    checked = _checked(url)
-    engine = sa.create_engine(checked, **backend_named(checked.get_backend_name()).engine_options(options))
+    checked = checked_url(url)
+    _check_sqlite_directory(checked)
+    try:
+        engine = sa.create_engine(checked, **backend_named(checked.get_backend_name()).engine_options(options))
+    except ImportError as exc:
+        raise _missing_driver(checked, exc) from exc
     backend_for(engine.dialect).configure(engine)
     return engine
 
@@ -28,13 +33,79 @@ def create_async_engine(url: str | sa.URL, **options: Any) -> AsyncEngine:
     """An asyncio Engine for ``url`` (an async driver, such as postgresql+psycopg or sqlite+aiosqlite)."""
     from sqlalchemy.ext.asyncio import create_async_engine as create
 
-    checked = _checked(url)
-    engine = create(checked, **backend_named(checked.get_backend_name()).engine_options(options))
+    checked = _parsed(url)
+    _known_dialect(checked)
+    _check_sqlite_directory(checked)
+    try:
+        engine = create(checked, **backend_named(checked.get_backend_name()).engine_options(options))
+    except ImportError as exc:
+        raise _missing_driver(checked, exc) from exc
     backend_for(engine.dialect).configure(engine.sync_engine)
     return engine
 
 
-def _checked(url: str | sa.URL) -> sa.URL:
+def checked_url(url: str | sa.URL) -> sa.URL:
+    """``url`` parsed, if it names a kind of database SQLAlchemy knows and a driver that is installed;
+    InvalidArgument saying what to change otherwise. Nothing is connected to."""
+    checked = _parsed(url)
+    dialect = _known_dialect(checked)
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        raise _missing_driver(checked, exc) from exc
+    return checked
+
+
+#: What to install for the drivers dibs is tested with, by SQLAlchemy driver name.
+_EXTRAS = {
+    "psycopg": "dibs[postgres]",
+    "asyncpg": "dibs[asyncpg]",
+    "pymysql": "dibs[mysql]",
+    "asyncmy": "dibs[mysql]",
+    "aiosqlite": "dibs[sqlite-async]",
+}
+
+
+def _known_dialect(url: sa.URL) -> Any:
+    try:
+        return url.get_dialect()
+    except sa.exc.NoSuchModuleError as exc:
+        raise InvalidArgument(
+            f"{url.render_as_string(hide_password=True)!r} names a kind of database, {url.drivername!r}, that "
+            "SQLAlchemy does not know; write the URL as sqlite:///dibs.sqlite, "
+            "postgresql+psycopg://user@host/database or mysql+pymysql://user@host/database "
+            "(or install the SQLAlchemy dialect for it)"
+        ) from exc
+
+
+def _missing_driver(url: sa.URL, exc: ImportError) -> InvalidArgument:
+    module = exc.name or str(exc)
+    extra = _EXTRAS.get(url.get_driver_name())
+    install = f"pip install '{extra}'" if extra else f"install the package that provides {module!r}"
+    alternative = {"postgresql": "postgresql+psycopg", "mysql": "mysql+pymysql", "mariadb": "mysql+pymysql"}.get(
+        url.get_backend_name()
+    )
+    instead = f", or use {alternative} (pip install '{_EXTRAS[alternative.split('+')[1]]}')" if alternative else ""
+    return InvalidArgument(
+        f"the driver {url.get_driver_name()!r} that {url.drivername} needs is not installed (no module named "
+        f"{module!r}); {install}{instead}"
+    )
+
+
+def _check_sqlite_directory(url: sa.URL) -> None:
+    """An SQLite file can be created, but not the directories leading to it: say so plainly."""
+    path = url.database
+    if url.get_backend_name() != "sqlite" or not path or path == ":memory:" or path.startswith("file:"):
+        return
+    directory = Path(path).parent
+    if not directory.is_dir():
+        raise InvalidArgument(
+            f"cannot open the SQLite file {path}: its directory {directory} does not exist; create it, "
+            "or fix the path in the URL"
+        )
+
+
+def _parsed(url: str | sa.URL) -> sa.URL:
     try:
         return sa.make_url(url)
     except sa.exc.ArgumentError as exc:

@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection, Engine
 from dibs._errors import EventNotFound, InvalidArgument
 from dibs.dialects import backend_for
 from dibs.dialects.base import moment
-from dibs.engine import connected, create_engine
+from dibs.engine import checked_url, connected, create_engine
 from dibs.outbox.events import OutboxEvent, event_from, insert_events, new_event
 from dibs.outbox.store import FailedHead, OutboxStore, checked_policy
 from dibs.queue.app import database_url
@@ -83,6 +83,7 @@ class Outbox:
         else:
             self._engine = None
             self.url = database_url(db)
+            checked_url(self.url)  # refused now if it can never work; a server that is down, when used
         self.on_failed_head = checked_policy(on_failed_head)
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise InvalidArgument(f"max_retries must be a whole number >= 0, got {max_retries!r}")
