@@ -29,7 +29,7 @@ import sqlalchemy as sa
 import dibs
 from dibs.outbox import Outbox
 from dibs.queue.app import App, database_url
-from dibs.schema import EVENT_STATES, FINISHED, STATES, require_current
+from dibs.schema import EVENT_STATES, FINISHED, STATES, missing_tables, require_current
 
 
 def main() -> None:
@@ -54,6 +54,8 @@ def _load_app(spec: str) -> App:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         _fail(f"cannot import {module_name!r} ({exc}); run dibs from your project's directory or fix APP")
+    except dibs.DibsError as exc:  # an App made as the module loads, on a URL that can never work
+        _fail(str(exc))
     if not attribute:
         found = [value for value in vars(module).values() if isinstance(value, App)]
         if len(found) != 1:
@@ -72,7 +74,7 @@ def _console() -> Console:
 
 def _app(ctx: click.Context) -> App:
     """The app on --db, for commands that read or change jobs: its tables must exist."""
-    app = App(ctx.obj["db"])
+    app: App = _run(lambda: App(ctx.obj["db"]))
     _run(lambda: require_current(app.engine))
     return app
 
@@ -92,7 +94,10 @@ def _run(action: Any) -> Any:
         raise click.ClickException(str(exc)) from exc
     except sa.exc.DBAPIError as exc:
         first = str(exc.orig).strip().splitlines()[0] if exc.orig is not None else str(exc)
-        raise click.ClickException(f"the database refused or could not be reached: {first}") from exc
+        raise click.ClickException(
+            f"the database refused or could not be reached: {first}; check --db (or $DIBS_DATABASE_URL) "
+            "and that the database server is running"
+        ) from exc
 
 
 if click is not None:
@@ -111,12 +116,15 @@ if click is not None:
     @command.command(help="Create the dibs tables, or upgrade them to this version of dibs.")
     @click.pass_context
     def init(ctx: click.Context) -> None:
-        app = App(ctx.obj["db"])
+        app: App = _run(lambda: App(ctx.obj["db"]))
+        gone = _run(lambda: missing_tables(app.engine))
         applied = _run(app.init)
         where = app.engine.url.render_as_string(hide_password=True)
         if applied:
             click.echo(f"applied migration(s) {', '.join(map(str, applied))} to {where}")
-        else:
+        if gone:
+            click.echo(f"created the missing table{'s' if len(gone) > 1 else ''} {', '.join(gone)} in {where} again")
+        if not applied and not gone:
             click.echo(f"{where} is up to date")
 
     @command.command(help="Run a worker for the tasks of APP (module:attribute) until SIGTERM or SIGINT.")

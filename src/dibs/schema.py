@@ -244,6 +244,9 @@ class Migration:
     version: int
     description: str
     apply: Callable[[Connection], None]
+    #: The table this step creates: if it goes missing later (dropped by hand, or by a restore), ``apply``
+    #: creates it again, in its current shape, the next time the database is migrated.
+    creates: str | None = None
 
 
 def _create_jobs(conn: Connection) -> None:
@@ -259,9 +262,9 @@ def _create_periodic(conn: Connection) -> None:
 
 
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration(version=1, description="the jobs table", apply=_create_jobs),
-    Migration(version=2, description="the outbox table", apply=_create_outbox),
-    Migration(version=3, description="the periodic jobs table", apply=_create_periodic),
+    Migration(version=1, description="the jobs table", apply=_create_jobs, creates=JOBS),
+    Migration(version=2, description="the outbox table", apply=_create_outbox, creates=OUTBOX),
+    Migration(version=3, description="the periodic jobs table", apply=_create_periodic, creates=PERIODIC),
 )
 #: The schema version this dibs needs.
 LATEST = max(step.version for step in MIGRATIONS)
@@ -304,8 +307,13 @@ def _apply_missing(bind: Engine | Connection, migrations: tuple[Migration, ...],
         schema_versions.create(conn, checkfirst=True)
         _commit(conn)
         done = current_version(conn)
+        present = set(sa.inspect(conn).get_table_names())
         for migration in sorted(migrations, key=lambda step: step.version):
             if migration.version <= done:
+                if migration.creates is not None and migration.creates not in present:
+                    # Recorded as applied, but its table is gone: create it again (empty).
+                    migration.apply(conn)
+                    _commit(conn)
                 continue
             migration.apply(conn)
             # The backend's clock in UTC (MySQL's NOW() is the session's local time).
@@ -315,15 +323,59 @@ def _apply_missing(bind: Engine | Connection, migrations: tuple[Migration, ...],
             applied.append(migration)
 
 
-def require_current(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> None:
-    """Raise SchemaMissing, saying what to run, unless every migration has been applied."""
+def missing_tables(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[str]:
+    """The tables of applied migrations that the database no longer has (dropped after `dibs init`)."""
+    with connected(bind) as conn:
+        present = set(sa.inspect(conn).get_table_names())
+        if SCHEMA not in present:
+            return []
+        done = current_version(conn)
+    return [
+        step.creates
+        for step in sorted(migrations, key=lambda step: step.version)
+        if step.version <= done and step.creates is not None and step.creates not in present
+    ]
+
+
+def schema_problem(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> SchemaMissing | None:
+    """What is wrong with the dibs tables, saying what to run; None when they are all there and current."""
     have = current_version(bind)
     want = max(step.version for step in migrations)
     if have < want:
         what = "has no dibs tables" if have == 0 else f"has dibs schema version {have}, this dibs needs {want}"
-        raise SchemaMissing(
+        return SchemaMissing(
             f"the database {what}; run `dibs init --db URL` (or dibs.migrate(engine)) to create or upgrade them"
         )
+    gone = missing_tables(bind, migrations)
+    if gone:
+        return SchemaMissing(
+            f"the database lacks the dibs table{'s' if len(gone) > 1 else ''} {', '.join(gone)} (dropped after "
+            "`dibs init` created it); run `dibs init --db URL` (or dibs.migrate(engine)) to create it again"
+        )
+    return None
+
+
+def require_current(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> None:
+    """Raise SchemaMissing, saying what to run, unless every migration has been applied and its tables exist."""
+    problem = schema_problem(bind, migrations)
+    if problem is not None:
+        raise problem
+
+
+def translated(error: Exception, engine: Engine) -> Exception:
+    """For a statement that failed: SchemaMissing (caused by ``error``) when the failure is that the dibs
+    tables are missing or out of date, else ``error`` itself. The tables are looked up on a connection of
+    its own, since the one that failed may be in an aborted transaction."""
+    if not isinstance(error, (sa.exc.ProgrammingError, sa.exc.OperationalError)) or error.connection_invalidated:
+        return error
+    try:
+        problem = schema_problem(engine)
+    except Exception:  # the database is away: the original error says more
+        return error
+    if problem is None:
+        return error
+    problem.__cause__ = error
+    return problem
 
 
 def _commit(conn: Connection) -> None:

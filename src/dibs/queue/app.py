@@ -16,7 +16,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -28,14 +29,26 @@ from dibs._errors import InvalidArgument, JobNotFound
 from dibs.claim import claim
 from dibs.dialects import backend_for
 from dibs.dialects.base import moment
-from dibs.engine import connected, create_engine
+from dibs.engine import checked_url, connected, create_engine
 from dibs.queue.enqueue import NewJob, insert_jobs, new_job, task_named
 from dibs.queue.job import Job
 from dibs.queue.periodic import Periodic, PeriodicStatus, checked_periodic, enqueue_due, schedule_status, sync_schedules
 from dibs.queue.retry import DEFAULT_RETRY, Retry
 from dibs.queue.store import JobStore
 from dibs.queue.task import OrderingKey, Task, checked_name
-from dibs.schema import CANCELLED, DEAD, FINISHED, QUEUED, RUNNING, SCHEDULED, STATES, aware, jobs, migrate
+from dibs.schema import (
+    CANCELLED,
+    DEAD,
+    FINISHED,
+    QUEUED,
+    RUNNING,
+    SCHEDULED,
+    STATES,
+    aware,
+    jobs,
+    migrate,
+    translated,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -87,7 +100,10 @@ class App:
             self.url = db.url.render_as_string(hide_password=True)
         else:
             self._engine = None
+            # A URL that can never work (an unknown kind of database, a driver not installed) is refused now;
+            # one that may work later (a server not up yet) when it is first used.
             self.url = database_url(db)
+            checked_url(self.url)
         self.tasks: dict[str, Task] = {}
         self.declared_queues = frozenset(checked_name(queue, "a queue name") for queue in queues)
         if isinstance(max_args_bytes, bool) or not isinstance(max_args_bytes, int) or max_args_bytes < 1:
@@ -265,7 +281,7 @@ class App:
         ):
             # One INSERT is atomic on its own: in autocommit it is one round trip instead of three (BEGIN,
             # INSERT, COMMIT), and the notification that follows it finds the job committed.
-            with self.engine.connect() as connection:
+            with self._tables(), self.engine.connect() as connection:
                 autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
                 return insert_jobs(autocommit, new, self._channel())
         return self._write(conn, lambda connection: insert_jobs(connection, new, self._channel()))
@@ -324,7 +340,22 @@ class App:
     def _channel(self) -> str | None:
         return CHANNEL if self.notify else None
 
+    @contextmanager
+    def _tables(self) -> Iterator[None]:
+        """Turn a statement's failure into SchemaMissing when the dibs tables are missing or out of date."""
+        try:
+            yield
+        except sa.exc.DBAPIError as error:
+            problem = translated(error, self.engine)
+            if problem is error:
+                raise
+            raise problem from error
+
     def _write(self, conn: Any, work: Callable[[Connection], list[Job]]) -> list[Job]:
+        with self._tables():
+            return self._write_on(conn, work)
+
+    def _write_on(self, conn: Any, work: Callable[[Connection], list[Job]]) -> list[Job]:
         if conn is None:
             with self.engine.begin() as connection:
                 return work(connection)
@@ -343,7 +374,7 @@ class App:
 
     def get(self, job_id: int) -> Job:
         """The job with this id; JobNotFound if there is none."""
-        with connected(self.engine) as conn:
+        with self._tables(), connected(self.engine) as conn:
             row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).first()
         if row is None:
             raise JobNotFound(f"there is no job {job_id} (it may have been purged)")
@@ -369,7 +400,7 @@ class App:
             query = query.where(jobs.c.queue == queue)
         if task is not None:
             query = query.where(jobs.c.task == task)
-        with connected(self.engine) as conn:
+        with self._tables(), connected(self.engine) as conn:
             return [Job.from_row(row) for row in conn.execute(query)]
 
     def cancel(self, job_id: int) -> Job:
@@ -421,7 +452,7 @@ class App:
     def status(self) -> list[QueueStatus]:
         """Per queue: jobs per state, the oldest runnable job's wait, and recent throughput."""
         backend = backend_for(self.engine.dialect)
-        with connected(self.engine) as conn:
+        with self._tables(), connected(self.engine) as conn:
             now = aware(conn.execute(sa.select(backend.now())).scalar_one())
             counts = conn.execute(
                 sa.select(jobs.c.queue, jobs.c.status, sa.func.count()).group_by(jobs.c.queue, jobs.c.status)
