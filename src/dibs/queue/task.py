@@ -74,6 +74,7 @@ class Task:
     tag: str | None = None
     is_async: bool = field(init=False)
     wants_context: bool = field(init=False)
+    signature: inspect.Signature = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         checked_name(self.name, "a task name", TASK_NAME)
@@ -90,8 +91,24 @@ class Task:
                 f"ordering_key must name an argument or be a function of the arguments, got {self.ordering_key!r}"
             )
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.function))
-        parameters = inspect.signature(self.function).parameters
-        object.__setattr__(self, "wants_context", "context" in parameters)
+        object.__setattr__(self, "signature", inspect.signature(self.function))
+        object.__setattr__(self, "wants_context", "context" in self.signature.parameters)
+
+    @property
+    def parameters(self) -> str:
+        """The function's parameters as a reader wants them, without annotations: ``(n, *, unit='s')``."""
+        plain = [
+            parameter.replace(annotation=inspect.Parameter.empty) for parameter in self.signature.parameters.values()
+        ]
+        return str(self.signature.replace(parameters=plain, return_annotation=inspect.Signature.empty))
+
+    def misfit(self, kwargs: Mapping[str, Any]) -> str | None:
+        """Why the function cannot be called with these keyword arguments; None if it can."""
+        try:
+            self.signature.bind(**kwargs)
+        except TypeError as exc:
+            return str(exc)
+        return None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the function directly, in this process, without a job."""

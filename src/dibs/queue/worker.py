@@ -35,14 +35,16 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from dibs._errors import InvalidArgument
+import sqlalchemy as sa
+
+from dibs._errors import InvalidArgument, SchemaMissing
 from dibs._signals import handle_stop_signals
 from dibs.dialects.base import Listener
 from dibs.lease import Lease
 from dibs.queue.job import JobContext
 from dibs.queue.store import error_text
 from dibs.queue.task import Task, checked_name
-from dibs.schema import CANCELLED, require_current
+from dibs.schema import CANCELLED, require_current, translated
 
 if TYPE_CHECKING:
     from dibs.metrics import Metrics
@@ -72,6 +74,18 @@ class _Running:
     task: Task
     context: JobContext
     runner: asyncio.Task[Any] | None
+
+
+def _decoded(raw: str) -> dict[str, Any] | str:
+    """A job's stored arguments, or what is wrong with them."""
+    try:
+        args = json.loads(raw)
+    except ValueError as exc:
+        return f"are not valid JSON ({exc})"
+    if not isinstance(args, dict):
+        kind = "null" if args is None else f"a {type(args).__name__}"
+        return f"are not a JSON object of argument names but {kind}"
+    return args
 
 
 class Worker:
@@ -162,6 +176,7 @@ class Worker:
         self._flushing = True
         self._done_ready: asyncio.Event | None = None
         self._db = ThreadPoolExecutor(2, thread_name_prefix="dibs-db")
+        self._schema_reported: float | None = None  # when the missing tables were last logged
         self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="dibs-task")
 
     # -- control -----------------------------------------------------------------------------------
@@ -257,11 +272,16 @@ class Worker:
                     tasks=self.task_names,
                     tags=self.tags,
                 )
+            except SchemaMissing as error:  # the tables were dropped: wait for `dibs init`, polling
+                self._report(error)
+                await self._sleep(self.poll_seconds)
+                continue
             except Exception as error:  # the database is away or busy: try again, backing off
                 log.warning("claim failed, trying again in %.1fs: %s", idle_wait, error)
                 await self._sleep(idle_wait)
                 idle_wait = min(max(idle_wait * 2, 0.1), self.poll_seconds)
                 continue
+            self._schema_reported = None
             if self.metrics is not None:
                 self.metrics.claimed(len(claimed), time.perf_counter() - started)
             if self.stopping and claimed:
@@ -352,7 +372,10 @@ class Worker:
         job_id: int = row["id"]
         task = self.app.tasks[row["task"]]
         raw = row["args"]
-        args = {} if raw == "{}" else json.loads(raw)
+        args = {} if raw == "{}" else _decoded(raw)
+        if isinstance(args, str):  # not arguments at all: written by something other than enqueue
+            await self._reject(lease, task, f"the arguments stored for job {job_id} ({task.name}) {args}")
+            return
         context = JobContext(job_id, task.name, row["attempts"], args)
         running = _Running(lease, task, context, runner)
         self._running[job_id] = running
@@ -366,6 +389,15 @@ class Worker:
             self._running.pop(job_id, None)
         if self.metrics is not None:
             self.metrics.ran(task.name, time.perf_counter() - started)
+        misfit = task.misfit(kwargs) if isinstance(error, TypeError) else None
+        if misfit is not None:
+            # The function was never entered: running it again with the same arguments cannot succeed.
+            await self._reject(
+                lease,
+                task,
+                f"the arguments of job {job_id} do not fit task {task.name!r}, which takes {task.parameters}: {misfit}",
+            )
+            return
         if error is None and context.stop_reason == "cancelled":
             error = asyncio.CancelledError("cancelled")
         if error is not None:
@@ -425,6 +457,19 @@ class Worker:
         if current is not None and hasattr(current, "uncancel"):
             current.uncancel()
 
+    async def _reject(self, lease: Lease, task: Task, problem: str) -> None:
+        """Bury a job that can never run as stored (its arguments are not a JSON object, or do not fit the
+        function): dead at once, without retries, with the problem as its error."""
+        self._held.pop(lease.key, None)
+        error = InvalidArgument(f"{problem}; enqueue it again with arguments that fit")
+        if not await self._call(self._store.bury, self.app.engine, lease, error_text(error, "")):
+            self.stats.lost += 1
+            return
+        self.stats.dead += 1
+        if self.metrics is not None:
+            self.metrics.finished(task.name, "dead")
+        log.warning("job %s (%s) dead, it cannot run: %s", lease.key[0], task.name, error)
+
     async def _failed(self, running: _Running, error: BaseException, formatted: str) -> None:
         lease, task = running.lease, running.task
         self._held.pop(lease.key, None)
@@ -483,7 +528,8 @@ class Worker:
             lost = await self._call(self._store.succeed, self.app.engine, done)
         except Exception as error:
             # Kept (and renewed) until a later flush records them.
-            log.warning("recording %d successes failed, will try again: %s", len(done), error)
+            if not self._report(error):
+                log.warning("recording %d successes failed, will try again: %s", len(done), error)
             for lease in done:
                 self._held[lease.key] = lease
             self._done.extend(done)
@@ -521,7 +567,8 @@ class Worker:
             try:
                 await self._heartbeat()
             except Exception as error:  # tried again at the next beat, well before the leases expire
-                log.warning("heartbeat failed, will try again: %s", error)
+                if not self._report(error):
+                    log.warning("heartbeat failed, will try again: %s", error)
 
     async def _heartbeat(self) -> None:
         held = list(self._held.values())
@@ -570,7 +617,8 @@ class Worker:
                 if self.metrics is not None:
                     self.metrics.observe(await self._call(self.app.status))
             except Exception as error:
-                log.warning("upkeep failed, will try again: %s", error)
+                if not self._report(error):
+                    log.warning("upkeep failed, will try again: %s", error)
             await asyncio.sleep(self.upkeep_seconds)
 
     # -- shutdown ----------------------------------------------------------------------------------
@@ -618,7 +666,24 @@ class Worker:
 
         self.metrics = Metrics.serve(self.metrics_port)
 
+    def _report(self, error: Exception) -> bool:
+        """Log that the dibs tables are missing, once a minute while they are; False for any other error."""
+        if not isinstance(error, SchemaMissing):
+            return False
+        now = time.monotonic()
+        if self._schema_reported is None or now - self._schema_reported > 60:
+            self._schema_reported = now
+            log.error("worker %s cannot reach its jobs, and keeps trying: %s", self.name, error)
+        return True
+
     async def _call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run a blocking database call on the worker's database threads."""
+        """Run a blocking database call on the worker's database threads; a failure because the dibs tables
+        are missing raises SchemaMissing, saying what to run."""
         assert self._loop is not None
-        return await self._loop.run_in_executor(self._db, lambda: function(*args, **kwargs))
+        try:
+            return await self._loop.run_in_executor(self._db, lambda: function(*args, **kwargs))
+        except sa.exc.DBAPIError as error:
+            problem = await self._loop.run_in_executor(self._db, translated, error, self.app.engine)
+            if problem is error:
+                raise
+            raise problem from error
