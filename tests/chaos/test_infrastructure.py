@@ -5,6 +5,7 @@ nothing is lost, and every duplicate execution is explained by an expired lease.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import sqlite3
@@ -21,7 +22,7 @@ import dibs
 from dibs.lease import Lease
 from dibs.schema import jobs
 from tests.chaos.faults import HeldConnections, HeldSnapshot, LongSQLiteReader, vacuum
-from tests.chaos.history import Recorder, load
+from tests.chaos.history import Recorder, load, read_jobs
 from tests.chaos.infra_support import (
     WorkerProcess,
     checked_history,
@@ -369,3 +370,45 @@ def test_sqlite_busy_storms_with_a_long_reader_run_every_job_exactly_once(
     )
     assert busy_lines > 0, "no worker ever found the database busy: the storm did not happen"
     engine.dispose()
+
+
+# -- after an outage: one write of successes holding a job's stale lease and its newer one -----------------
+
+
+@pytest.mark.parametrize("family", BACKENDS)
+def test_successes_written_with_a_stale_and_a_newer_lease_of_one_job_are_counted_once(
+    request: pytest.FixtureRequest, family: str, tmp_path: Path
+) -> None:
+    """A worker whose success write failed through an outage keeps it for the next flush; if meanwhile the
+    lease expired and the same worker claimed the job again, one flush holds both leases. The newer one is
+    recorded, the stale one is lost, and the metrics count the success (they once matched by key alone)."""
+    from dibs.metrics import Metrics
+
+    url = fresh_database(request, family, tmp_path)
+    engine = dibs.create_engine(url)
+    app = enqueuer(engine, tmp_path)
+    (job_id,) = enqueue(app, workload(plain=1, keyed=0, accounts=1, seconds=0))
+    where = {"queues": ["default"], "tasks": [WORK, KEYED], "tags": []}
+    (stale,) = app.store.claim(engine, owner="w", lease_seconds=0.2, limit=1, **where)
+    worker = quick_worker(app, "flusher")
+    metrics = worker.metrics = Metrics()
+
+    async def flush(done: list[Lease]) -> None:
+        worker._loop = asyncio.get_running_loop()
+        worker._done = done
+        await worker._flush()
+
+    try:
+        time.sleep(0.6)
+        assert app.store.recover_expired(engine) == (1, 0)
+        (newer,) = app.store.claim(engine, owner="w", lease_seconds=30, limit=1, **where)
+        assert (stale.key, newer.key, newer.token) == ((job_id,), (job_id,), stale.token + 1)
+        asyncio.run(flush([stale, newer]))
+        (row,) = read_jobs(engine)
+    finally:
+        worker._db.shutdown(wait=True)
+        worker._threads.shutdown(wait=False)
+        engine.dispose()
+    assert (worker.stats.succeeded, worker.stats.lost) == (1, 1)
+    assert metrics.registry.get_sample_value("dibs_jobs_finished_total", {"task": WORK, "outcome": "succeeded"}) == 1
+    assert (row["status"], row["lease_token"]) == ("succeeded", newer.token)

@@ -541,8 +541,11 @@ class Worker:
         self.stats.succeeded += len(done) - len(lost)
         self.stats.lost += len(lost)
         if self.metrics is not None:
-            lost_keys = {lease.key for lease in lost}
-            per_task = Counter(lease.row._mapping["task"] for lease in done if lease.key not in lost_keys)
+            # By key and token: after an outage a batch may hold a job's stale lease and its newer one.
+            lost_leases = {(lease.key, lease.token) for lease in lost}
+            per_task = Counter(
+                lease.row._mapping["task"] for lease in done if (lease.key, lease.token) not in lost_leases
+            )
             for task_name, count in per_task.items():
                 self.metrics.finished(task_name, "succeeded", count)
         for lease in lost:
