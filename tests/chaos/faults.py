@@ -56,24 +56,28 @@ class HeldConnections:
 
 
 class HeldSnapshot:
-    """A PostgreSQL REPEATABLE READ transaction whose snapshot stays open until :meth:`close`: while it is
-    open, vacuum cannot remove any row version that became dead after it began (the server's xmin horizon
-    is held back), so every claimed-then-updated job leaves dead tuples behind."""
+    """A REPEATABLE READ transaction whose snapshot stays open until :meth:`close`.
+
+    PostgreSQL: while it is open, vacuum cannot remove any row version that died after it began (the
+    xmin horizon is held back), so every claim and completion leaves dead tuples behind. MariaDB (InnoDB):
+    its read view keeps purge from removing any undo log committed after it, so the history list grows."""
 
     def __init__(self, url: sa.URL) -> None:
         self.engine = sa.create_engine(url, poolclass=sa.pool.NullPool)
+        self.family = "postgresql" if self.engine.dialect.name == "postgresql" else "mariadb"
         self.conn = self.engine.connect().execution_options(isolation_level="REPEATABLE READ")
         self.conn.begin()
-        # The snapshot is taken at the first statement, not at BEGIN.
-        self.jobs_seen = self.conn.execute(sa.text("SELECT count(*) FROM dibs_jobs")).scalar_one()
-        self.backend_xmin = self.conn.execute(
-            sa.text("SELECT backend_xmin FROM pg_stat_activity WHERE pid = pg_backend_pid()")
-        ).scalar_one()
+        if self.family == "mariadb":
+            self.conn.exec_driver_sql("START TRANSACTION WITH CONSISTENT SNAPSHOT")
+        # PostgreSQL takes the snapshot at the first statement, not at BEGIN.
+        self.jobs_seen = self._count()
+
+    def _count(self) -> int:
+        return int(self.conn.execute(sa.text("SELECT count(*) FROM dibs_jobs")).scalar_one())
 
     def still_held(self) -> bool:
         """The transaction is open and still sees the job count it saw at the start (the same snapshot)."""
-        seen = self.conn.execute(sa.text("SELECT count(*) FROM dibs_jobs")).scalar_one()
-        return bool(seen == self.jobs_seen)
+        return self._count() == self.jobs_seen
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -82,15 +86,11 @@ class HeldSnapshot:
         self.engine.dispose()
 
 
-def dead_tuples(engine: Engine, table: str = "dibs_jobs") -> int:
-    """Dead row versions of a PostgreSQL table, counted exactly (pgstattuple is an extension: not assumed);
-    from the statistics collector, which may lag a little."""
+def history_list_length(engine: Engine) -> int:
+    """MariaDB: undo logs committed and not yet purged, server-wide."""
     with engine.connect() as conn:
-        conn.execute(sa.text("SELECT pg_stat_force_next_flush()"))
-        found = conn.execute(
-            sa.text("SELECT n_dead_tup FROM pg_stat_all_tables WHERE relname = :table"), {"table": table}
-        ).scalar_one_or_none()
-    return int(found or 0)
+        found = conn.execute(sa.text("SHOW GLOBAL STATUS LIKE 'Innodb_history_list_length'")).one()
+    return int(found[1])
 
 
 def vacuum(engine: Engine, table: str = "dibs_jobs") -> str:
