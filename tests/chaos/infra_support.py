@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from tests.chaos.history import Report, check_jobs, load, read_jobs
-from tests.chaos.servers import ServerUnavailable, ThrowawayPostgres
+from tests.chaos.servers import ServerUnavailable, ThrowawayMariaDB, ThrowawayPostgres
 from tests.queue.support import wait_until
 from tests.targets import IN_CI
 
@@ -99,25 +99,26 @@ def checked_history(history: Path, engine: Engine, committed: Sequence[int]) -> 
     return report
 
 
-def start_throwaway_postgres(request: pytest.FixtureRequest) -> ThrowawayPostgres:
-    """A throwaway PostgreSQL server, destroyed when the test ends (a finalizer: also on failure). A machine
-    where none can be started skips the test, and fails it in CI, saying why."""
+def start_throwaway(request: pytest.FixtureRequest, family: str) -> ThrowawayPostgres | ThrowawayMariaDB:
+    """A throwaway server of this family, destroyed when the test ends (a finalizer: also on failure). A
+    machine where none can be started skips the test, and fails it in CI, saying why."""
+    kind = ThrowawayPostgres if family == "postgresql" else ThrowawayMariaDB
     try:
-        server = ThrowawayPostgres()
+        server = kind()
     except ServerUnavailable as error:
-        _unavailable(str(error))
+        _unavailable(family, str(error))
         raise
     request.addfinalizer(server.destroy)
     try:
         server.start()
     except ServerUnavailable as error:
-        _unavailable(str(error))
+        _unavailable(family, str(error))
         raise
     return server
 
 
-def _unavailable(why: str) -> None:
-    message = f"cannot start a throwaway PostgreSQL server on this machine: {why}"
+def _unavailable(family: str, why: str) -> None:
+    message = f"cannot start a throwaway {family} server on this machine: {why}"
     if IN_CI:
         pytest.fail(f"CI needs the database-restart scenario: {message}", pytrace=False)
     pytest.skip(message)

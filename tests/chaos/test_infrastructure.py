@@ -26,13 +26,13 @@ from tests.chaos.history import Recorder, load, read_jobs
 from tests.chaos.infra_support import (
     WorkerProcess,
     checked_history,
-    start_throwaway_postgres,
+    start_throwaway,
     stop_all,
     wait_ready,
     wait_while_running,
 )
 from tests.chaos.recording import KEYED, WORK, count_completions, enqueue, recording_app, terminal_count, workload
-from tests.chaos.servers import ThrowawayPostgres
+from tests.chaos.servers import ThrowawayMariaDB, ThrowawayPostgres
 from tests.queue.support import BACKENDS, SYNC_DRIVERS, WorkerThread, drop_everything, wait_until
 from tests.targets import database_url
 
@@ -67,15 +67,16 @@ def enqueuer(engine: Engine, tmp_path: Path) -> dibs.App:
 # -- 1. the database server restarted under the workers ---------------------------------------------------
 
 
-@pytest.fixture
-def throwaway_postgres(request: pytest.FixtureRequest) -> ThrowawayPostgres:
-    return start_throwaway_postgres(request)
+@pytest.fixture(params=["postgresql", "mariadb"])
+def throwaway_server(request: pytest.FixtureRequest) -> ThrowawayPostgres | ThrowawayMariaDB:
+    """A database server of the test's own (SQLite has none to restart)."""
+    return start_throwaway(request, request.param)
 
 
 def test_workers_ride_out_database_restarts(
-    throwaway_postgres: ThrowawayPostgres, workers: list[WorkerProcess], tmp_path: Path
+    throwaway_server: ThrowawayPostgres | ThrowawayMariaDB, workers: list[WorkerProcess], tmp_path: Path
 ) -> None:
-    server = throwaway_postgres
+    server = throwaway_server
     url = server.url
     engine = dibs.create_engine(url)
     try:
