@@ -196,12 +196,13 @@ def test_a_worker_rides_out_its_pool_held_by_other_code(
     assert report.duplicates == 0, report.summary
     assert running.stats.succeeded == len(ids), running.stats
     # The pool really ran dry: the worker's calls timed out (and were tried again), and while the other
-    # code held the connection no outcome could be written.
+    # code held the connection no outcome could be written (past a margin: a write that returned just
+    # before the hold is recorded a moment later).
     timeouts = [record for record in caplog.records if "QueuePool limit" in record.getMessage()]
     assert timeouts, "the worker never waited for a connection"
     completed = [event.at for event in load(history) if event.kind == "completed" and event.get("changed")]
     for taken, given_back in holds:
-        during = [moment for moment in completed if taken + 0.1 < moment < given_back - 0.05]
+        during = [moment for moment in completed if taken + 0.5 < moment < given_back - 0.05]
         assert not during, f"{len(during)} completions were written while the pool's one connection was held"
     reader.dispose()
     engine.dispose()
