@@ -1,12 +1,18 @@
-"""Outbox relays killed between publish and mark, among other relays, on every backend, checked from the
-broker's side (Redis Streams): every committed event reaches the broker, nothing rolled back does, the only
-duplicates are the killed relays' unmarked batches (each exactly once more, after their lease expired), and
-each aggregate's events arrive in creation order."""
+"""Outbox relays under faults, checked from the broker's side (Redis Streams).
+
+* Relays killed between publish and mark, among other relays, on every backend: every committed event
+  reaches the broker, nothing rolled back does, the only duplicates are the killed relays' unmarked batches
+  (each exactly once more, after their lease expired), and each aggregate's events arrive in creation order.
+* The database restarted under relay processes (throwaway PostgreSQL and MariaDB servers): every event
+  reaches the broker, and each aggregate's events arrive in creation order, a re-delivery (a mark lost with
+  the connection) coming straight after its first delivery.
+"""
 
 from __future__ import annotations
 
 import itertools
 import json
+import re
 import signal
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -14,9 +20,12 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 import dibs
 from dibs.schema import PUBLISHED
+from dibs.schema import outbox as outbox_table
+from tests.chaos.infra_support import start_throwaway
 from tests.outbox.conftest import odb, outbox_url, redis_prefix, redis_url  # noqa: F401 - fixtures
 from tests.outbox.support import (
     OutboxDatabase,
@@ -178,3 +187,92 @@ def test_relays_killed_between_publish_and_mark_lose_nothing_and_duplicate_only_
     for row in odb.rows():
         assert row.status == PUBLISHED
         assert (row.attempts, row.retry_count) == (2 if row.id in all_frozen else 1, 0), row
+
+
+# -- the database restarted under the relays --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("family", ["postgresql", "mariadb"])
+def test_relays_ride_out_database_restarts_and_keep_each_aggregate_in_order(
+    request: pytest.FixtureRequest,
+    family: str,
+    redis_url: str,  # noqa: F811
+    redis_prefix: str,  # noqa: F811
+    relays: list[RelayProcess],
+    tmp_path: Path,
+) -> None:
+    server = start_throwaway(request, family)
+    engine = dibs.create_engine(server.url)
+    try:
+        dibs.migrate(engine)
+        outbox = dibs.Outbox(engine)
+        ids = add_events(outbox, interleaved(aggregates=60, per_aggregate=5), per_transaction=60)
+        url = redis_publisher_url(redis_url, redis_prefix)
+        stream = f"{redis_prefix}.order"
+        for n in range(2):
+            relays.append(
+                RelayProcess(
+                    tmp_path,
+                    f"relay-{n}",
+                    server.url,
+                    url,
+                    "--batch",
+                    "8",
+                    "--concurrency",
+                    "2",
+                    "--lease",
+                    "2",
+                    "--slow",
+                    "0.03",
+                    "--jitter",
+                    "0.03",
+                )
+            )
+        for share, mode in ((0.25, "fast"), (0.55, "immediate")):
+            wait_until(
+                lambda share=share: (
+                    len(read_stream(redis_url, stream)) >= share * len(ids)
+                    or not all(relay.alive() for relay in relays)
+                ),
+                timeout=60,
+                what=f"{share:.0%} of the events to reach the broker before the {mode} restart",
+            )
+            server.restart(mode)
+        engine.dispose()
+
+        def all_published() -> bool:
+            with engine.connect() as conn:
+                statuses = conn.execute(sa.select(outbox_table.c.status).distinct()).scalars().all()
+            return list(statuses) == [PUBLISHED]
+
+        wait_until(
+            lambda: all_published() or not all(relay.alive() for relay in relays),
+            timeout=60,
+            what="every event to be published after the restarts",
+        )
+        for relay in relays:
+            assert relay.alive(), f"{relay.name} gave up on the database:\n{relay.output()[-4000:]}"
+            relay.terminate()
+        for relay in relays:
+            assert relay.wait(20) == 0, relay.output()[-4000:]
+        with engine.connect() as conn:
+            created = conn.execute(
+                sa.select(outbox_table.c.aggregate_id, outbox_table.c.id).order_by(outbox_table.c.id)
+            ).all()
+    finally:
+        engine.dispose()
+
+    assert server.restarts == 2
+    database_gone = re.compile(r"claiming outbox events failed|could not record|heartbeat failed|upkeep failed")
+    assert any(database_gone.search(relay.output()) for relay in relays), "no relay noticed the database go away"
+    entries = read_stream(redis_url, stream)
+    delivered = Counter(int(fields["id"]) for _, fields in entries)
+    assert set(delivered) == set(ids), f"lost: {sorted(set(ids) - set(delivered))}"
+    expected: dict[str, list[int]] = defaultdict(list)
+    for aggregate, event_id in created:
+        expected[aggregate].append(event_id)
+    seen = ids_per_aggregate(entries)
+    for aggregate, order in expected.items():
+        assert first_deliveries_in_order(seen[aggregate]) == order, (
+            f"aggregate {aggregate} arrived as {seen[aggregate]}, created as {order}"
+        )
