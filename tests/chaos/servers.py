@@ -196,10 +196,14 @@ class ThrowawayPostgres:
         self.restarts += 1
         self.wait_answering()
 
-    def outage(self, seconds: float, mode: str = "fast") -> None:
-        """Stop the server, leave it down ``seconds``, and start it again on the same port and data."""
+    def stop(self, mode: str = "fast") -> None:
+        """Stop the server (its data stays; ``outage`` or ``restart`` starts it again)."""
         done = self._run(self.pg_ctl, "-D", str(self.data), "-w", "-m", mode, "stop")
         self._check(done, f"stop (-m {mode})")
+
+    def outage(self, seconds: float, mode: str = "fast") -> None:
+        """Stop the server, leave it down ``seconds``, and start it again on the same port and data."""
+        self.stop(mode)
         time.sleep(seconds)
         self._start()
         self.restarts += 1

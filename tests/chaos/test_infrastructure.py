@@ -132,6 +132,41 @@ def test_workers_ride_out_database_restarts(
     engine.dispose()
 
 
+def test_a_worker_stopped_while_its_database_is_down_still_stops_gracefully(
+    request: pytest.FixtureRequest, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Giving back its unstarted jobs fails, but the worker goes on stopping: its running job gets its grace,
+    and run() returns its stats (it used to raise the database's error and skip the grace)."""
+    caplog.set_level(logging.WARNING, logger="dibs.worker")
+    server = start_throwaway(request, "postgresql")
+    engine = dibs.create_engine(server.url)
+    history = tmp_path / "history"
+    recorder = Recorder(history, "stopping")
+    try:
+        dibs.migrate(engine)
+        app = recording_app(engine, recorder)
+        enqueue(app, workload(plain=6, keyed=0, accounts=1, seconds=1.0))
+        running = WorkerThread(quick_worker(app, "stopping", concurrency=1, batch=4, lease=10.0, grace=10.0)).start()
+        wait_until(
+            lambda: any(event.kind == "started" for event in load(history)) or not running.thread.is_alive(),
+            timeout=30,
+            what="a job to start",
+        )
+        server.stop("fast")
+        running.worker.stop()
+        stats = running.join(30)
+    finally:
+        recorder.close()
+        engine.dispose()
+    assert stats.claimed >= 2, stats
+    assert any("could not give back" in record.getMessage() for record in caplog.records)
+    events = load(history)
+    started = [event.subject for event in events if event.kind == "started"]
+    finished = [event.subject for event in events if event.kind == "finished" and event.get("outcome") == "returned"]
+    assert started, "no job started"
+    assert sorted(finished) == sorted(started), "the running job did not get its grace"
+
+
 # -- 3. a connection pool exhausted by other code of the same engine --------------------------------------
 
 

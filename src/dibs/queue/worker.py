@@ -557,9 +557,17 @@ class Worker:
     async def _release(self, leases: list[Lease]) -> None:
         if not leases:
             return
-        lost = await self._call(self._store.release, self.app.engine, leases)
         for lease in leases:
             self._held.pop(lease.key, None)
+        try:
+            lost = await self._call(self._store.release, self.app.engine, leases)
+        except Exception as error:
+            # The database is away as the worker stops: the shutdown goes on (running jobs still get their
+            # grace), and these jobs are taken again once their leases expire.
+            log.warning(
+                "could not give back %d unstarted jobs; they run once their leases expire: %s", len(leases), error
+            )
+            return
         self.stats.released += len(leases) - len(lost)
 
     # -- heartbeats and upkeep ---------------------------------------------------------------------
