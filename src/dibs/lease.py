@@ -31,8 +31,8 @@ from dibs.claim import (
     run_claim,
     whole_number,
 )
-from dibs.dialects import Backend, ClaimRequest, backend_for
-from dibs.dialects.base import resolve_times
+from dibs.dialects import Backend, ClaimRequest, backend_for, driver
+from dibs.dialects.base import constant, resolve_times
 from dibs.schema import Timestamp, aware
 
 if TYPE_CHECKING:
@@ -102,7 +102,9 @@ def _transaction(
     if isinstance(bind, Engine):
         with bind.connect() as conn:
             if autocommit:
-                yield conn.execution_options(isolation_level="AUTOCOMMIT")
+                # SQLAlchemy's transaction sends nothing in autocommit mode; it marks the statement's bounds.
+                with conn.execution_options(isolation_level="AUTOCOMMIT").begin():
+                    yield conn
                 return
             with open_transaction(conn):
                 yield conn
@@ -243,10 +245,10 @@ class Leases:
     def eligible(self, backend: Backend) -> sa.ColumnElement[bool]:
         """Ready rows, and running rows whose lease has expired on the database clock."""
         if not self.reclaim_expired:
-            return self.status == self.ready
+            return self.status == constant(self.ready)
         return sa.or_(
-            self.status == self.ready,
-            sa.and_(self.status == self.running, self.expires_at < backend.now()),
+            self.status == constant(self.ready),
+            sa.and_(self.status == constant(self.running), self.expires_at < backend.now()),
         )
 
     def claim_request(
@@ -311,11 +313,11 @@ class Leases:
         if where is not None:
             criteria.extend([where] if isinstance(where, sa.ClauseElement) else list(where))
         values: dict[Any, Any] = {
-            self.status: self.running,
+            self.status: constant(self.running),
             self.owner: sa.bindparam(_OWNER, type_=self.owner.type),
             self.expires_at: backend.after(_LEASE_SECONDS),
-            self.token: self.token + 1,
-            self.attempts: self.attempts + 1,
+            self.token: self.token + constant(1),
+            self.attempts: self.attempts + constant(1),
         }
         values.update(extra or {})
         request = claim_request(
@@ -462,7 +464,8 @@ class Leases:
             return []
         backend = backend_for(bind.dialect)
         extra_values = {column_of(self.table, key, "set"): value for key, value in (extra or {}).items()}
-        statements = self._write_statements(backend, action, status, extra_values)
+        statements, reused = self._write_statements(backend, action, status, extra_values)
+        fenced_columns = (*self.key_columns, self.token)
         parameters = {**parameters, **{f"dibs_set_{column.name}": value for column, value in extra_values.items()}}
         resolve_times(parameters)
         returning = bool(bind.dialect.update_returning)
@@ -482,7 +485,8 @@ class Leases:
                     **backend.fenced_values(self.key_columns, [(*lease.key, lease.token) for lease in chunk]),
                 }
                 if returning:
-                    written.update(map(tuple, conn.execute(statements.returning, chunk_parameters)))
+                    changed = driver.fetch(conn, statements.returning, chunk_parameters, fenced_columns, reused=reused)
+                    written.update(map(tuple, changed))
                     continue
                 # A locking read sees the latest committed rows whatever the caller's snapshot, and
                 # holding their locks, exactly these rows are then written.
@@ -494,25 +498,26 @@ class Leases:
 
     def _write_statements(
         self, backend: Backend, action: str, status: str, extra: Mapping[sa.Column[Any], Any]
-    ) -> _WriteStatements:
-        """The guarded UPDATE for one kind of write, built once when its extra values are plain values."""
+    ) -> tuple[_WriteStatements, bool]:
+        """The guarded UPDATE for one kind of write, built once (and so reused: True) when its extra values
+        are plain values."""
         plain = not any(isinstance(value, sa.ClauseElement) for value in extra.values())
         key = (backend.name, action, status, tuple(sorted(column.name for column in extra)))
         if plain and key in self._write_templates:
-            return self._write_templates[key]
-        values: dict[Any, Any] = {self.status: status}
+            return self._write_templates[key], True
+        values: dict[Any, Any] = {self.status: constant(status)}
         if action == "renew":
             values = {self.expires_at: backend.after(_LEASE_SECONDS)}
         elif action == "release":
             # Ready again and nobody's, as recover() leaves an expired row.
-            values.update({self.expires_at: None, self.owner: None, self.attempts: self.attempts - 1})
+            values.update({self.expires_at: None, self.owner: None, self.attempts: self.attempts - constant(1)})
         else:
             values[self.expires_at] = None
             if self.finished_at is not None:
                 values[self.finished_at] = backend.now()
         for column, value in extra.items():
             values[column] = sa.bindparam(f"dibs_set_{column.name}", type_=column.type) if plain else value
-        held = sa.and_(backend.fenced(self.key_columns, self.token), self.status == self.running)
+        held = sa.and_(backend.fenced(self.key_columns, self.token), self.status == constant(self.running))
         change = sa.update(self.table).where(held).values(values)
         statements = _WriteStatements(
             write=change,
@@ -521,7 +526,7 @@ class Leases:
         )
         if plain:
             self._write_templates[key] = statements
-        return statements
+        return statements, plain
 
     @staticmethod
     def _raise_lost(lost: list[Lease], action: str) -> None:

@@ -21,8 +21,10 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
+from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql import ColumnElement, operators, visitors
 from sqlalchemy.sql.elements import BindParameter
+from sqlalchemy.sql.visitors import InternalTraversal
 
 from dibs._errors import FallbackWarning
 
@@ -79,6 +81,34 @@ class ClaimRequest:
         """The parameter values for this request's statements, with times from the application's clock
         taken now: strategies ask for them once their transaction holds its locks."""
         return resolve_times({LIMIT: self.limit, **self.parameters})
+
+
+class Constant(ColumnElement[Any]):
+    """A value written into the statement's text, as the dialect writes literals, instead of bound: see
+    :func:`constant`."""
+
+    __visit_name__ = "dibs_constant"
+    inherit_cache = True
+    _traverse_internals = [  # noqa: RUF012 (SQLAlchemy declares it so)
+        ("value", InternalTraversal.dp_plain_obj),
+        ("type", InternalTraversal.dp_type),
+    ]
+
+    def __init__(self, value: Any, type_: Any) -> None:
+        self.value = value
+        self.type = sa.types.to_instance(type_)
+
+
+@compiles(Constant)
+def _render_constant(element: Constant, compiler: Any, **kw: Any) -> str:
+    return str(compiler.render_literal_value(element.value, element.type))
+
+
+def constant(value: str | int) -> ColumnElement[Any]:
+    """``value`` in the statement's text: for the states and steps a statement always uses. The planner
+    sees them (PostgreSQL keeps one generic plan that can use a partial index on a state; SQLite uses such
+    an index only for a query that repeats its literal), and the driver has fewer parameters to send."""
+    return Constant(value, sa.String() if isinstance(value, str) else sa.Integer())
 
 
 class FromNow(NamedTuple):

@@ -32,6 +32,7 @@ from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.elements import Grouping
 
+from dibs.dialects import driver
 from dibs.dialects.base import (
     BackendDefaults,
     ClaimRequest,
@@ -67,7 +68,8 @@ class PostgreSQLClaim:
         # The claim alone is one atomic statement, even in autocommit; with more statements after it (then=)
         # it needs a real transaction.
         with conn.begin() if request.then is None else self.backend.transaction(conn):
-            rows = list(conn.execute(self.statements(request), request.execution()).all())
+            statement, reused = self.statements(request), request.shape is not None
+            rows = driver.fetch(conn, statement, request.execution(), request.returned, reused=reused)
             return run_then(conn, request, rows)
 
     def statement(self, request: ClaimRequest) -> sa.Executable:

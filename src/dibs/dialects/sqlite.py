@@ -19,15 +19,17 @@ import json
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
-from sqlalchemy.sql import ColumnElement
+from sqlalchemy.sql import ColumnElement, operators
 
 from dibs._errors import Busy
+from dibs.dialects import driver
 from dibs.dialects.base import (
     PICKED,
     BackendDefaults,
@@ -55,10 +57,29 @@ class _Statements(NamedTuple):
     pick: sa.Select[Any]
     change: sa.Update | sa.Delete  # of the picked keys, with RETURNING where the version has it
     read: sa.Select[Any] | None  # of the picked keys, where there is no RETURNING
+    #: Where the claim is one statement that picks, changes and returns (None: pick first, then change),
+    #: and how its rows are put back in order.
+    single: sa.Update | sa.Delete | None = None
+    order: tuple[_SortKey, ...] = ()
+
+
+class _SortKey(NamedTuple):
+    position: int  # of the value in a returned row
+    descending: bool
+    nulls_first: bool
+
+
+#: Column types whose Python values sort as SQLite sorts what SQLAlchemy stored for them.
+_SORTABLE = (sa.Integer, sa.Float, sa.Numeric, sa.DateTime, sa.Date, sa.Boolean)
 
 
 class SQLiteClaim:
-    """BEGIN IMMEDIATE; read the picked keys; UPDATE ... RETURNING (or UPDATE, then read back); COMMIT."""
+    """BEGIN IMMEDIATE; UPDATE ... WHERE pk IN (SELECT pk ... ORDER BY ... LIMIT n) RETURNING; COMMIT.
+
+    RETURNING gives rows in no promised order, so the rows are sorted afterwards: in Python when the order
+    is by columns the claim returns and does not change (their values sort in Python as SQLite sorts
+    them), else by reading the picked keys first, in order, and updating those.
+    """
 
     single_statement = False
 
@@ -69,28 +90,36 @@ class SQLiteClaim:
         self.statements = StatementCache(self.build)
 
     def build(self, request: ClaimRequest) -> _Statements:
-        table = request.table
-        chosen = json_keys_in(request.key_columns) if json_keys(request.key_columns) else keys_in(request.key_columns)
-        change: sa.Update | sa.Delete = (
-            sa.delete(table).where(chosen)
-            if request.delete
-            else sa.update(table).where(chosen).values(dict(request.values))
+        keys = request.key_columns
+        pick = request.candidates(*keys)
+        chosen = json_keys_in(keys) if json_keys(keys) else keys_in(keys)
+        if not self.returning:
+            change = _change(request, chosen)
+            return _Statements(pick, change, sa.select(*request.returned).where(chosen))
+        statements = _Statements(pick, _change(request, chosen).returning(*request.returned), None)
+        order = _python_order(request)
+        if order is None:
+            return statements
+        picked = (keys[0] if len(keys) == 1 else sa.tuple_(*keys)).in_(
+            pick.scalar_subquery() if len(keys) == 1 else pick
         )
-        if self.returning:
-            return _Statements(request.candidates(*request.key_columns), change.returning(*request.returned), None)
-        return _Statements(request.candidates(*request.key_columns), change, sa.select(*request.returned).where(chosen))
+        return statements._replace(single=_change(request, picked).returning(*request.returned), order=order)
 
     def claim(self, conn: Connection, request: ClaimRequest) -> list[Row[Any]]:
         keys = request.key_columns
         statements = self.statements(request)
+        reused = request.shape is not None
         with self.backend.transaction(conn):
             parameters = request.execution()
-            picked = [tuple(row) for row in conn.execute(statements.pick, parameters)]
+            if statements.single is not None:
+                rows = driver.fetch(conn, statements.single, parameters, request.returned, reused=reused)
+                return run_then(conn, request, _in_order(rows, statements.order))
+            picked = [tuple(row) for row in driver.fetch(conn, statements.pick, parameters, keys, reused=reused)]
             if not picked:
                 return []
             parameters[PICKED] = json.dumps([key[0] for key in picked]) if json_keys(keys) else key_values(keys, picked)
             if statements.read is None:
-                rows = list(conn.execute(statements.change, parameters))
+                rows = driver.fetch(conn, statements.change, parameters, request.returned, reused=reused)
             elif request.delete:
                 rows = list(conn.execute(statements.read, parameters))
                 conn.execute(statements.change, parameters)
@@ -98,6 +127,54 @@ class SQLiteClaim:
                 conn.execute(statements.change, parameters)
                 rows = list(conn.execute(statements.read, parameters))
             return run_then(conn, request, in_key_order(rows, picked, request.key_positions))
+
+
+def _change(request: ClaimRequest, chosen: ColumnElement[bool]) -> sa.Update | sa.Delete:
+    if request.delete:
+        return sa.delete(request.table).where(chosen)
+    return sa.update(request.table).where(chosen).values(dict(request.values))
+
+
+def _python_order(request: ClaimRequest) -> tuple[_SortKey, ...] | None:
+    """How to sort the claimed rows in Python as ORDER BY sorted them, or None where Python cannot be sure
+    to: an order by anything but columns the claim returns unchanged, of types whose values sort alike
+    (text only in SQLite's own BINARY collation, which is code-point order, as Python's)."""
+    returned = [column.name for column in request.returned]
+    order = []
+    for clause in request.order_by:
+        element: Any = clause
+        descending, nulls_first = False, None
+        while isinstance(element, sa.UnaryExpression) and element.modifier is not None:
+            if element.modifier is operators.desc_op:
+                descending = True
+            elif element.modifier in (operators.nulls_first_op, operators.nulls_last_op):
+                nulls_first = element.modifier is operators.nulls_first_op
+            elif element.modifier is not operators.asc_op:
+                return None
+            element = element.element
+        if not isinstance(element, sa.Column) or element.table is not request.table:
+            return None
+        text = isinstance(element.type, sa.String) and getattr(element.type, "collation", None) is None
+        if not (text or isinstance(element.type, _SORTABLE)) or type(element.type) is sa.Interval:
+            return None
+        if element.name in request.values or element.name not in returned:
+            return None
+        # SQLite puts NULLs first in ascending order and last in descending order, unless told otherwise.
+        order.append(
+            _SortKey(returned.index(element.name), descending, not descending if nulls_first is None else nulls_first)
+        )
+    return tuple(order)
+
+
+def _in_order(rows: list[Row[Any]], order: Sequence[_SortKey]) -> list[Row[Any]]:
+    """Rows sorted by ``order``: one stable sort per key, the last key first."""
+    for position, descending, nulls_first in reversed(order):
+        present = sorted(
+            (row for row in rows if row[position] is not None), key=itemgetter(position), reverse=descending
+        )
+        absent = [row for row in rows if row[position] is None]
+        rows = absent + present if nulls_first else present + absent
+    return rows
 
 
 def json_keys(key_columns: Sequence[sa.Column[Any]]) -> bool:
