@@ -243,11 +243,6 @@ def test_a_worker_rides_out_its_pool_held_by_other_code(
     engine.dispose()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug in dibs/dialects/postgresql.py (Notifications): the LISTEN thread takes a connection of the "
-    "engine's own pool and keeps it for good, so a listening worker on a one-connection pool never claims",
-)
 def test_a_listening_worker_on_a_one_connection_pool_still_works(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -102,16 +102,17 @@ class RecordingStore(JobStore):
     def renew(self, conn: Engine | Connection, held: Sequence[Lease], lease_seconds: float) -> list[Lease]:
         began = time.time()
         lost = super().renew(conn, held, lease_seconds)
-        gone = {lease.key for lease in lost}
+        gone = {(lease.key, lease.token) for lease in lost}
         for lease in held:
-            if lease.key not in gone:
+            if (lease.key, lease.token) not in gone:
                 self.recorder.record("renewed", lease.key[0], token=lease.token, expires_at=began + lease_seconds)
         return lost
 
     def _completed(self, held: Sequence[Lease], status: str, lost: Sequence[Lease] | None) -> None:
-        gone = None if lost is None else {lease.key for lease in lost}
+        # By key and token: one write may hold a job's stale lease and its newer one.
+        gone = None if lost is None else {(lease.key, lease.token) for lease in lost}
         for lease in held:
-            changed = None if gone is None else lease.key not in gone
+            changed = None if gone is None else (lease.key, lease.token) not in gone
             self.recorder.record("completed", lease.key[0], token=lease.token, status=status, changed=changed)
 
     def succeed(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
@@ -145,9 +146,10 @@ class RecordingStore(JobStore):
 
     def release(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
         lost = super().release(conn, held)
-        gone = {lease.key for lease in lost}
+        gone = {(lease.key, lease.token) for lease in lost}
         for lease in held:
-            self.recorder.record("released", lease.key[0], token=lease.token, changed=lease.key not in gone)
+            changed = (lease.key, lease.token) not in gone
+            self.recorder.record("released", lease.key[0], token=lease.token, changed=changed)
         return lost
 
 

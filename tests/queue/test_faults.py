@@ -86,3 +86,22 @@ def test_a_sync_job_past_its_timeout_is_not_run_again_while_its_thread_still_run
     assert len(spans) == 2
     first, second = sorted(spans)
     assert second[0] >= first[1], "the retry started while the timed-out run was still going"
+
+
+def test_a_worker_starts_when_its_pooled_connection_was_killed_under_it(qdb: QueueDatabase) -> None:
+    if qdb.family == "sqlite":
+        pytest.skip("an embedded database has no server that could kill a connection")
+    app = qdb.app(notify=False)
+
+    @app.task(name="work")
+    def work() -> None:
+        return None
+
+    app.enqueue(work)
+    # The app's engine keeps one connection in its pool; the server kills it, so the worker's first
+    # statement (the schema check as it starts) meets a dropped connection.
+    with app.engine.connect() as conn:
+        conn.execute(sa.select(1))
+    assert kill_other_connections(qdb) >= 1
+    stats = qdb.drain(app, concurrency=1)
+    assert stats.succeeded == 1

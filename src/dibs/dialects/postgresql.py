@@ -195,8 +195,8 @@ class PostgreSQL(BackendDefaults):
 class Notifications:
     """LISTEN on one channel, on a connection of its own, from a daemon thread.
 
-    The connection comes from the engine's pool and is closed (not returned) when listening stops, so
-    no pooled connection is ever left subscribed. If the connection drops, the thread reconnects.
+    The connection is made by the engine's pool, then detached from it (so the pool keeps its full size),
+    and closed when listening stops. If the connection drops, the thread reconnects.
     """
 
     def __init__(self, engine: Engine, channel: str, woken: Callable[[str], None]) -> None:
@@ -220,6 +220,9 @@ class Notifications:
         from psycopg import sql
 
         raw = self.engine.raw_connection()
+        # Made as the engine makes its connections, then taken out of its pool: held for as long as the worker
+        # runs, it would leave a small pool one connection short (a pool of one: no claim would ever run).
+        raw.detach()
         try:
             conn: Any = raw.driver_connection
             conn.autocommit = True
@@ -232,7 +235,7 @@ class Notifications:
                     if notification.payload != self._farewell:
                         self.woken(notification.payload)
         finally:
-            raw.invalidate()
+            raw.close()  # detached: closes the connection itself
 
     def close(self) -> None:
         self._stop.set()

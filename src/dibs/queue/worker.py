@@ -206,9 +206,7 @@ class Worker:
         self._done_ready = asyncio.Event()
         self._work = asyncio.Event()
         try:
-            await self._call(require_current, self.app.engine)
-            await self._call(self.app.sync_periodic)
-            self._start_metrics()
+            await self._start()
         except BaseException:
             # Not started: leave no database thread behind.
             self._db.shutdown(wait=True)
@@ -245,6 +243,22 @@ class Worker:
             self._threads.shutdown(wait=False, cancel_futures=True)
         log.info("worker %s stopped: %s", self.name, self.stats)
         return self.stats
+
+    async def _start(self) -> None:
+        """Check the schema and record the periodic schedules. A connection dropped under the worker as it
+        starts (a server-side kill, a failover) is tried again; a database that cannot be reached at all is
+        an error for whoever started the worker to see."""
+        for attempt in range(1, 4):
+            try:
+                await self._call(require_current, self.app.engine)
+                await self._call(self.app.sync_periodic)
+                break
+            except sa.exc.DBAPIError as error:
+                if not error.connection_invalidated or attempt == 3 or self.stopping:
+                    raise
+                log.warning("the connection dropped while the worker started, trying again: %s", error)
+                await asyncio.sleep(0.1 * attempt)
+        self._start_metrics()
 
     # -- fetching ----------------------------------------------------------------------------------
 
