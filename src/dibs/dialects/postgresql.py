@@ -222,9 +222,9 @@ class Notifications:
         raw = self.engine.raw_connection()
         # Made as the engine makes its connections, then taken out of its pool: held for as long as the worker
         # runs, it would leave a small pool one connection short (a pool of one: no claim would ever run).
+        conn: Any = raw.driver_connection
         raw.detach()
         try:
-            conn: Any = raw.driver_connection
             conn.autocommit = True
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
             # Whatever was enqueued while (re)connecting is found by the poll this wake-up triggers.
@@ -235,7 +235,7 @@ class Notifications:
                     if notification.payload != self._farewell:
                         self.woken(notification.payload)
         finally:
-            raw.close()  # detached: closes the connection itself
+            conn.close()
 
     def close(self) -> None:
         self._stop.set()
