@@ -19,9 +19,9 @@ from sqlalchemy.engine import Connection, Engine
 
 from dibs.claim import claim
 from dibs.dialects import backend_for
-from dibs.dialects.base import moment
+from dibs.dialects.base import constant, moment
 from dibs.engine import connected
-from dibs.lease import Lease, Leases
+from dibs.lease import Claimer, Lease, Leases
 from dibs.schema import (
     DEAD,
     FINISHED,
@@ -62,8 +62,8 @@ def _key_taken() -> sa.ColumnElement[bool]:
         sa.select(other.c.id).where(
             other.c.ordering_key == jobs.c.ordering_key,
             other.c.id != jobs.c.id,
-            other.c.status.in_(sa.bindparam("dibs_live", list(LIVE), expanding=True, literal_execute=True)),
-            sa.or_(other.c.status == sa.literal(RUNNING, literal_execute=True), other.c.id < jobs.c.id),
+            other.c.status.in_([constant(state) for state in LIVE]),
+            sa.or_(other.c.status == constant(RUNNING), other.c.id < jobs.c.id),
         )
     )
 
@@ -74,18 +74,7 @@ class JobStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.backend = backend_for(engine.dialect)
-        self.claimer = leases.claimer(
-            where=[
-                jobs.c.queue.in_(sa.bindparam("dibs_queues", expanding=True)),
-                jobs.c.task.in_(sa.bindparam("dibs_tasks", expanding=True)),
-                sa.or_(jobs.c.tag.is_(None), jobs.c.tag.in_(sa.bindparam("dibs_tags", expanding=True))),
-                sa.or_(jobs.c.ordering_key.is_(None), ~_key_taken()),
-            ],
-            order_by=[jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id],
-            set={jobs.c.started_at: self.backend.now()},
-            # What the worker reads of a claimed job; decoding the other columns cost more than the claim.
-            columns=[jobs.c.task, jobs.c.args, jobs.c.attempts, jobs.c.max_attempts],
-        )
+        self._claimers: dict[tuple[tuple[str, ...], ...], Claimer] = {}
 
     # -- claim -------------------------------------------------------------------------------------
 
@@ -101,13 +90,38 @@ class JobStore:
         tags: Sequence[str],
     ) -> list[Lease]:
         """Lease up to ``limit`` runnable jobs."""
-        return self.claimer.claim(
-            conn,
-            owner=owner,
-            duration=lease_seconds,
-            limit=limit,
-            parameters={"dibs_queues": list(queues), "dibs_tasks": list(tasks), "dibs_tags": list(tags)},
+        return self._claimer(tuple(queues), tuple(tasks), tuple(tags)).claim(
+            conn, owner=owner, duration=lease_seconds, limit=limit
         )
+
+    def _claimer(self, queues: tuple[str, ...], tasks: tuple[str, ...], tags: tuple[str, ...]) -> Claimer:
+        """The claim of one worker's queues, tasks and tags, built once.
+
+        They are written into the statement (they are checked names), not bound: a worker claims with the
+        same ones all its life, so its statement stays the same and runs compiled once on the driver, and
+        the planner sees them (one queue is ``queue = 'name'``, and the claim index is read in claim
+        order: a list bound as one parameter would have it sort every queued job of the queue instead).
+        """
+        wanted = (queues, tasks, tags)
+        claimer = self._claimers.get(wanted)
+        if claimer is not None:
+            return claimer
+        if len(self._claimers) >= 64:  # a long-lived process asking for ever new combinations
+            self._claimers.clear()
+        tagged = jobs.c.tag.in_([constant(tag) for tag in tags]) if tags else sa.false()
+        claimer = self._claimers[wanted] = leases.claimer(
+            where=[
+                jobs.c.queue.in_([constant(queue) for queue in queues]),
+                jobs.c.task.in_([constant(task) for task in tasks]),
+                sa.or_(jobs.c.tag.is_(None), tagged),
+                sa.or_(jobs.c.ordering_key.is_(None), ~_key_taken()),
+            ],
+            order_by=[jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id],
+            set={jobs.c.started_at: self.backend.now()},
+            # What the worker reads of a claimed job; decoding the other columns cost more than the claim.
+            columns=[jobs.c.task, jobs.c.args, jobs.c.attempts, jobs.c.max_attempts],
+        )
+        return claimer
 
     # -- finish ------------------------------------------------------------------------------------
 
