@@ -326,25 +326,21 @@ class Leases:
         return dataclasses.replace(request, shape=shape)
 
     def _leases(self, rows: Iterable[Row[Any]], owner: str, fields: _LeaseFields) -> list[Lease]:
-        # Fields are read by position. Building leases is a large part of a big claim's Python time:
-        # one-column keys skip the generator.
+        # Fields are read by position. Building leases is a large part of a big claim's Python time: the
+        # rows of one claim share their expiry (one statement, one clock), so it is made aware once.
         key_at, token_at, expires_at = fields
-        if len(key_at) == 1:
-            (only,) = key_at
-            return [
-                Lease(key=(row[only],), token=row[token_at], owner=owner, expires_at=aware(row[expires_at]), row=row)
-                for row in rows
-            ]
-        return [
-            Lease(
-                key=tuple(row[i] for i in key_at),
-                token=row[token_at],
-                owner=owner,
-                expires_at=aware(row[expires_at]),
-                row=row,
-            )
-            for row in rows
-        ]
+        leases = []
+        last_seen: Any = None
+        last_aware: Any = None
+        single = len(key_at) == 1
+        (only,) = key_at if single else (0,)
+        for row in rows:
+            moment = row[expires_at]
+            if moment is not last_seen:
+                last_seen, last_aware = moment, aware(moment)
+            key = (row[only],) if single else tuple(row[i] for i in key_at)
+            leases.append(Lease(key=key, token=row[token_at], owner=owner, expires_at=last_aware, row=row))
+        return leases
 
     # -- expired leases ----------------------------------------------------------------------------
 

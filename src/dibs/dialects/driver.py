@@ -21,15 +21,22 @@ types through ``setinputsizes``.
 
 from __future__ import annotations
 
+import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import suppress
+from datetime import date, datetime, time, timedelta
+from decimal import Decimal
 from typing import Any, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Row
 from sqlalchemy.engine.interfaces import BindTyping
 from sqlalchemy.engine.result import IteratorResult, SimpleResultMetaData
+
+_NOTHING = object()
+#: Converted values that may be shared between rows: no caller can change them in place.
+_IMMUTABLE = (str, bytes, int, float, bool, Decimal, datetime, date, time, timedelta, uuid.UUID, type(None))
 
 
 class DriverStatement:
@@ -99,10 +106,20 @@ class DriverStatement:
                     results.append((position, processor))
         if results:
             converted = []
+            # Claimed rows often share a value (the lease's expiry, its owner): each column remembers its
+            # last conversion, reused for an equal raw value when the result cannot be changed in place.
+            last: list[tuple[Any, Any]] = [(_NOTHING, None)] * len(results)
             for raw in fetched:
                 row = list(raw)
-                for position, convert in results:
-                    row[position] = convert(row[position])
+                for index, (position, convert) in enumerate(results):
+                    value = row[position]
+                    seen, done = last[index]
+                    if value is seen or (type(value) is type(seen) and value == seen):
+                        row[position] = done
+                        continue
+                    row[position] = done = convert(value)
+                    if isinstance(done, _IMMUTABLE):
+                        last[index] = (value, done)
                 converted.append(row)
             fetched = converted
         assert self._metadata is not None

@@ -1,0 +1,57 @@
+"""Lease statements run on the driver's cursor unless someone watches the engine; both ways give the same rows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from tests.conformance.test_lease import make_leased
+from tests.harness import Harness
+
+
+def _sync_engine(db: Harness) -> sa.Engine:
+    engine: Any = db.engine
+    return engine.sync_engine if hasattr(engine, "sync_engine") else engine
+
+
+def test_watched_and_unwatched_lease_statements_give_the_same_rows(db: Harness) -> None:
+    table, leases = make_leased(db, 6)
+    quiet = db.lease(leases, "claim", owner="w", duration=30, limit=3, order_by="id")
+    seen: list[str] = []
+
+    def look(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
+        seen.append(statement)
+
+    engine = _sync_engine(db)
+    event.listen(engine, "before_cursor_execute", look)
+    try:
+        watched = db.lease(leases, "claim", owner="w", duration=30, limit=3, order_by="id")
+        assert db.lease(leases, "complete_many", watched) == []
+    finally:
+        event.remove(engine, "before_cursor_execute", look)
+    assert db.lease(leases, "complete_many", quiet) == []
+
+    # A tracer sees the claim and the completion while it listens.
+    assert any(table.name in statement and "UPDATE" in statement.upper() for statement in seen)
+    assert [lease.key for lease in quiet + watched] == [(1,), (2,), (3,), (4,), (5,), (6,)]
+    for fast, slow in zip(quiet, watched, strict=True):
+        assert fast.row._fields == slow.row._fields
+        assert [type(value) for value in fast.row] == [type(value) for value in slow.row]
+        assert (fast.token, type(fast.expires_at), fast.expires_at.tzinfo is not None) == (
+            slow.token,
+            type(slow.expires_at),
+            True,
+        )
+    stored = {row.id: row for row in db.rows(sa.select(table))}
+    assert all(stored[key].status == "done" for key in range(1, 7))
+
+
+def test_a_lease_claim_returns_rows_exactly_as_stored(db: Harness) -> None:
+    table, leases = make_leased(db, 4)
+    held = db.lease(leases, "claim", owner="w", duration=30, limit=4, order_by=table.c.id.desc())
+    assert [lease.key for lease in held] == [(4,), (3,), (2,), (1,)]
+    stored = {row.id: row for row in db.rows(sa.select(table))}
+    for lease in held:
+        assert lease.row == stored[lease.key[0]]
