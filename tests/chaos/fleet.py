@@ -24,7 +24,7 @@ import sqlalchemy as sa
 import dibs
 from tests.chaos.history import Event, Recorder, Report, check_jobs, load, read_jobs
 from tests.chaos.worker_process import Dice, build_app
-from tests.queue.support import family_of
+from tests.queue.support import family_of, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = ("succeeded", "dead", "cancelled")
@@ -174,14 +174,7 @@ class Fleet:
             time.sleep(0.1)
 
     def wait_for(self, condition: Callable[[], Any], timeout: float = 30.0, what: str = "") -> Any:
-        deadline = time.monotonic() + timeout
-        while True:
-            value = condition()
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout} s waiting for {what}; logs in {self.log_dir}")
-            time.sleep(0.05)
+        return wait_until(condition, timeout, 0.05, what=f"{what}; logs in {self.log_dir}")
 
     def events(self) -> list[Event]:
         return load(self.log_dir)

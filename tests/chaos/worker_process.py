@@ -6,7 +6,7 @@
 
 Every claim, renewal, start, finish, completion and release goes to ``DIR/NAME.jsonl`` through a
 :class:`~tests.chaos.history.Recorder` (see tests/chaos/history.py), so that the history checker can
-tell what ran where. The app's :class:`~dibs.queue.store.JobStore` is replaced by :class:`RecordingStore`,
+tell what ran where. The app's :class:`~dibs.queue.store.JobStore` is replaced by :class:`DyingStore`,
 which calls the real statements and records what came back; dibs itself is not touched.
 
 ``--die-at`` makes the process SIGKILL itself, each time with probability P: ``after-claim`` (a batch
@@ -33,16 +33,14 @@ import random
 import signal
 import time
 from collections.abc import Callable, Sequence
-from datetime import timedelta
 from typing import Any
 
 from sqlalchemy.engine import Connection, Engine
 
 import dibs
 from dibs.lease import Lease
-from dibs.queue.store import JobStore
-from dibs.schema import DEAD
-from tests.chaos.history import Recorder, epoch
+from tests.chaos.history import Recorder
+from tests.chaos.recording import RecordingStore
 
 POINTS = ("after-claim", "mid-handler", "before-complete")
 #: Attempts of the ordinary jobs: enough that self-inflicted kills never use them all up.
@@ -73,93 +71,33 @@ def die(recorder: Recorder, point: str) -> None:
     time.sleep(60)  # not reached
 
 
-class RecordingStore(JobStore):
-    """The real job store, recording every claim and fenced write with the tokens involved."""
+class DyingStore(RecordingStore):
+    """The recording job store (tests/chaos/recording.py) that kills its process, at the odds given, right
+    after a claim and just before writing successes."""
 
     def __init__(self, engine: Engine, recorder: Recorder, dice: Dice) -> None:
-        super().__init__(engine)
-        self.recorder = recorder
+        super().__init__(engine, recorder)
         self.dice = dice
-        #: job id -> token of the latest lease this process claimed on it.
-        self.tokens: dict[int, int] = {}
 
     def claim(self, conn: Engine | Connection, **options: Any) -> list[Lease]:
         claimed = super().claim(conn, **options)
-        for lease in claimed:
-            job = int(lease.key[0])
-            self.tokens[job] = lease.token
-            self.recorder.record(
-                "claimed",
-                job,
-                token=lease.token,
-                expires_at=epoch(lease.expires_at),
-                attempt=lease.row._mapping["attempts"],
-            )
         if claimed and self.dice.roll("after-claim"):
             die(self.recorder, "after-claim")
         return claimed
 
-    def renew(self, conn: Engine | Connection, held: Sequence[Lease], lease_seconds: float) -> list[Lease]:
-        began = time.time()
-        lost = super().renew(conn, held, lease_seconds)
-        gone = {(lease.key, lease.token) for lease in lost}
-        for lease in held:
-            if (lease.key, lease.token) not in gone:
-                self.recorder.record("renewed", lease.key[0], token=lease.token, expires_at=began + lease_seconds)
-        return lost
-
-    def _completed(self, held: Sequence[Lease], status: str, lost: Sequence[Lease] | None) -> None:
-        # By key and token: one write may hold a job's stale lease and its newer one.
-        gone = None if lost is None else {(lease.key, lease.token) for lease in lost}
-        for lease in held:
-            changed = None if gone is None else (lease.key, lease.token) not in gone
-            self.recorder.record("completed", lease.key[0], token=lease.token, status=status, changed=changed)
-
     def succeed(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
         if held and self.dice.roll("before-complete"):
             die(self.recorder, "before-complete")
-        try:
-            lost = super().succeed(conn, held)
-        except Exception:
-            self._completed(held, "succeeded", None)
-            raise
-        self._completed(held, "succeeded", lost)
-        return lost
-
-    def retry(self, conn: Engine | Connection, lease: Lease, delay: timedelta, error: str) -> bool:
-        try:
-            kept = super().retry(conn, lease, delay, error)
-        except Exception:
-            self._completed([lease], "scheduled", None)
-            raise
-        self._completed([lease], "scheduled", [] if kept else [lease])
-        return kept
-
-    def bury(self, conn: Engine | Connection, lease: Lease, error: str, status: str = DEAD) -> bool:
-        try:
-            kept = super().bury(conn, lease, error, status)
-        except Exception:
-            self._completed([lease], status, None)
-            raise
-        self._completed([lease], status, [] if kept else [lease])
-        return kept
-
-    def release(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
-        lost = super().release(conn, held)
-        gone = {(lease.key, lease.token) for lease in lost}
-        for lease in held:
-            changed = (lease.key, lease.token) not in gone
-            self.recorder.record("released", lease.key[0], token=lease.token, changed=changed)
-        return lost
+        return super().succeed(conn, held)
 
 
-def build_app(url: str, recorder: Recorder, dice: Dice) -> tuple[dibs.App, RecordingStore]:
+def build_app(url: str, recorder: Recorder, dice: Dice) -> tuple[dibs.App, DyingStore]:
     app = dibs.App(dibs.create_engine(url))
-    store = RecordingStore(app.engine, recorder, dice)
+    store = DyingStore(app.engine, recorder, dice)
     app._store = store  # the worker takes app.store
 
     def token_of(context: dibs.JobContext) -> int | None:
-        return store.tokens.get(context.job_id)
+        return store.token_of(context.job_id)
 
     def traced(function: Callable[..., Any]) -> Callable[..., Any]:
         """Record started/finished (returned or raised) around a sync or async task function."""
