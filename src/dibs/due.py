@@ -193,6 +193,8 @@ class DueScheduler:
                 "dibs.add_due_columns(engine, table) (or dibs.due_columns() in a new Table definition)"
             ) from exc
         self._claimers: dict[str, Claimer] = {}
+        # The clock expressions of the writes, one per database: a write is built once per expression.
+        self._clocks: dict[str, tuple[Any, Any]] = {}
 
     # -- the due test ------------------------------------------------------------------------------
 
@@ -257,21 +259,30 @@ class DueScheduler:
 
     def done(self, bind: Engine, held: Sequence[Lease]) -> list[Lease]:
         """Mark rows run now (``last_run`` = the database clock, error cleared); returns the leases lost."""
-        backend = backend_for(bind.dialect)
-        return self.leases.complete_many(bind, held, set={self.last_run: backend.now(), self.last_error: None})
+        now, _ = self._clock(bind)
+        return self.leases.complete_many(bind, held, set={self.last_run: now, self.last_error: None})
 
     def failed(self, bind: Engine, held: Sequence[Lease], error: str) -> list[Lease]:
         """Record a failed run: the error kept, and the row due again by the normal rule (``last_run`` = now) or,
         with ``retry_after``, that long from now. Returns the leases lost."""
         backend = backend_for(bind.dialect)
+        now, retry_at = self._clock(bind)
         values: dict[Any, Any] = {self.last_error: error[:ERROR_LIMIT]}
         parameters: dict[str, Any] = {}
         if self.retry_after is None:
-            values[self.last_run] = backend.now()
+            values[self.last_run] = now
         else:
-            values[self.leases.expires_at] = backend.after(_RETRY_AFTER)
+            values[self.leases.expires_at] = retry_at
             parameters[_RETRY_AFTER] = backend.after_value(self.retry_after)
         return self.leases.fail_many(bind, held, set=values, parameters=parameters)
+
+    def _clock(self, bind: Engine) -> tuple[Any, Any]:
+        """The database clock now, and ``retry_after`` from now, as expressions made once per database."""
+        backend = backend_for(bind.dialect)
+        clock = self._clocks.get(backend.name)
+        if clock is None:
+            clock = self._clocks[backend.name] = (backend.now(), backend.after(_RETRY_AFTER))
+        return clock
 
     def release(self, bind: Engine, held: Sequence[Lease]) -> list[Lease]:
         """Give rows back unrun: due again at once, the run not counted. Returns the leases lost."""

@@ -10,6 +10,7 @@ status = 'running'``, so a worker whose lease was taken over changes nothing, is
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -206,7 +207,7 @@ class Leases:
         self.key_columns = tuple(self.table.primary_key.columns)
         self._whole_rows = _LeaseFields.of(tuple(self.table.columns), self)
         self._claim_templates: dict[tuple[Any, ...], ClaimRequest] = {}
-        self._write_templates: dict[tuple[Any, ...], _WriteStatements] = {}
+        self._write_templates: OrderedDict[tuple[Any, ...], _WriteStatements] = OrderedDict()
 
     # -- claim -------------------------------------------------------------------------------------
 
@@ -460,9 +461,16 @@ class Leases:
             return []
         backend = backend_for(bind.dialect)
         extra_values = {column_of(self.table, key, "set"): value for key, value in (extra or {}).items()}
-        statements, reused = self._write_statements(backend, action, status, extra_values)
+        statements = self._write_statements(backend, action, status, extra_values)
         fenced_columns = (*self.key_columns, self.token)
-        parameters = {**parameters, **{f"dibs_set_{column.name}": value for column, value in extra_values.items()}}
+        parameters = {
+            **parameters,
+            **{
+                f"dibs_set_{column.name}": value
+                for column, value in extra_values.items()
+                if not isinstance(value, sa.ClauseElement)
+            },
+        }
         resolve_times(parameters)
         returning = bool(bind.dialect.update_returning)
         if returning:
@@ -481,7 +489,7 @@ class Leases:
                     **backend.fenced_values(self.key_columns, [(*lease.key, lease.token) for lease in chunk]),
                 }
                 if returning:
-                    changed = driver.fetch(conn, statements.returning, chunk_parameters, fenced_columns, reused=reused)
+                    changed = driver.fetch(conn, statements.returning, chunk_parameters, fenced_columns)
                     written.update(map(tuple, changed))
                     continue
                 # A locking read sees the latest committed rows whatever the caller's snapshot, and
@@ -494,13 +502,21 @@ class Leases:
 
     def _write_statements(
         self, backend: Backend, action: str, status: str, extra: Mapping[sa.Column[Any], Any]
-    ) -> tuple[_WriteStatements, bool]:
-        """The guarded UPDATE for one kind of write, built once (and so reused: True) when its extra values
-        are plain values."""
-        plain = not any(isinstance(value, sa.ClauseElement) for value in extra.values())
-        key = (backend.name, action, status, tuple(sorted(column.name for column in extra)))
-        if plain and key in self._write_templates:
-            return self._write_templates[key], True
+    ) -> _WriteStatements:
+        """The guarded UPDATE for one kind of write, built once. Extra plain values are bound; extra SQL
+        expressions are part of the statement, which is kept for as long as the caller keeps passing the
+        same expression object (the stores build theirs once)."""
+        shape = tuple(
+            sorted(
+                (column.name, id(value) if isinstance(value, sa.ClauseElement) else None)
+                for column, value in extra.items()
+            )
+        )
+        key = (backend.name, action, status, shape)
+        found = self._write_templates.get(key)
+        if found is not None:
+            self._write_templates.move_to_end(key)
+            return found
         values: dict[Any, Any] = {self.status: constant(status)}
         if action == "renew":
             values = {self.expires_at: backend.after(_LEASE_SECONDS)}
@@ -512,7 +528,8 @@ class Leases:
             if self.finished_at is not None:
                 values[self.finished_at] = backend.now()
         for column, value in extra.items():
-            values[column] = sa.bindparam(f"dibs_set_{column.name}", type_=column.type) if plain else value
+            bound = not isinstance(value, sa.ClauseElement)
+            values[column] = sa.bindparam(f"dibs_set_{column.name}", type_=column.type) if bound else value
         held = sa.and_(backend.fenced(self.key_columns, self.token), self.status == constant(self.running))
         change = sa.update(self.table).where(held).values(values)
         statements = _WriteStatements(
@@ -520,9 +537,10 @@ class Leases:
             returning=change.returning(*self.key_columns, self.token),
             held=sa.select(*self.key_columns, self.token).where(held).with_for_update(),
         )
-        if plain:
-            self._write_templates[key] = statements
-        return statements, plain
+        self._write_templates[key] = statements
+        if len(self._write_templates) > 256:  # expressions made anew for every call: keep the recent ones
+            self._write_templates.popitem(last=False)
+        return statements
 
     @staticmethod
     def _raise_lost(lost: list[Lease], action: str) -> None:

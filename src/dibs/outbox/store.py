@@ -91,6 +91,10 @@ class OutboxStore:
         self.engine = engine
         self.backend = backend_for(engine.dialect)
         self.policy = checked_policy(policy)
+        # The expressions of the lease writes, made once: a write is built and compiled once per expression.
+        self._published_at = self.backend.now()
+        self._next_attempt_at = self.backend.after(_DELAY)
+        self._one_more_retry = outbox.c.retry_count + 1
         self.claimer = leases.claimer(
             # Ordered by the pending index's columns, (target, id): the events of one target in creation order.
             where=[self.backend.one_of(outbox.c.target, _TARGET), *_at_head(self.policy)],
@@ -119,7 +123,7 @@ class OutboxStore:
     def published(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
         """Mark events published; returns the leases that were lost (those writes changed nothing)."""
         return leases.complete_many(
-            conn, held, status=PUBLISHED, set={outbox.c.published_at: self.backend.now(), outbox.c.last_error: None}
+            conn, held, status=PUBLISHED, set={outbox.c.published_at: self._published_at, outbox.c.last_error: None}
         )
 
     def failed(self, conn: Engine | Connection, held: Sequence[Lease], delay: timedelta, error: str) -> list[Lease]:
@@ -129,8 +133,8 @@ class OutboxStore:
             held,
             status=FAILED,
             set={
-                outbox.c.next_attempt_at: self.backend.after(_DELAY),
-                outbox.c.retry_count: outbox.c.retry_count + 1,
+                outbox.c.next_attempt_at: self._next_attempt_at,
+                outbox.c.retry_count: self._one_more_retry,
                 outbox.c.last_error: error[:ERROR_LIMIT],
             },
             parameters={_DELAY: self.backend.after_value(delay.total_seconds())},
@@ -142,7 +146,7 @@ class OutboxStore:
             conn,
             held,
             status=ABANDONED,
-            set={outbox.c.retry_count: outbox.c.retry_count + 1, outbox.c.last_error: error[:ERROR_LIMIT]},
+            set={outbox.c.retry_count: self._one_more_retry, outbox.c.last_error: error[:ERROR_LIMIT]},
         )
 
     def release(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:

@@ -75,6 +75,8 @@ class JobStore:
         self.engine = engine
         self.backend = backend_for(engine.dialect)
         self._claimers: dict[tuple[tuple[str, ...], ...], Claimer] = {}
+        # Made once: a lease write is built and compiled once per expression it holds.
+        self._retry_at = self.backend.after(RETRY_DELAY)
 
     # -- claim -------------------------------------------------------------------------------------
 
@@ -135,7 +137,7 @@ class JobStore:
             conn,
             [lease],
             status=SCHEDULED,
-            set={jobs.c.run_at: self.backend.after(RETRY_DELAY), jobs.c.last_error: error[:ERROR_LIMIT]},
+            set={jobs.c.run_at: self._retry_at, jobs.c.last_error: error[:ERROR_LIMIT]},
             parameters={RETRY_DELAY: self.backend.after_value(delay.total_seconds())},
         )
         return not lost
