@@ -24,7 +24,7 @@ import sqlalchemy as sa
 import dibs
 from tests.chaos.history import Event, Recorder, Report, check_jobs, load, read_jobs
 from tests.chaos.worker_process import Dice, build_app
-from tests.queue.support import family_of, wait_until
+from tests.queue.support import family_of, kill_other_sessions, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = ("succeeded", "dead", "cancelled")
@@ -217,31 +217,9 @@ class Fleet:
 
 
 def kill_connections(fleet: Fleet) -> int:
-    """Kill every other session on the test's database from the server side; returns how many."""
-    engine = sa.create_engine(fleet.url)
-    try:
-        with engine.connect() as conn:
-            if fleet.family == "postgresql":
-                query = (
-                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-                )
-                killed = int(conn.execute(sa.text(query)).scalar_one())
-            else:
-                sessions = conn.execute(
-                    sa.text(
-                        "SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()"
-                    )
-                ).scalars()
-                killed = 0
-                for session in list(sessions):
-                    try:
-                        conn.execute(sa.text(f"KILL CONNECTION {int(session)}"))
-                        killed += 1
-                    except sa.exc.DBAPIError:  # it ended by itself meanwhile
-                        pass
-    finally:
-        engine.dispose()
+    """Kill every other session on the test's database from the server side, as a recorded fault; returns
+    how many."""
+    killed = kill_other_sessions(fleet.url)
     fleet.recorder.fault("connections-killed", "*", sessions=killed)
     fleet.faults += 1
     return killed

@@ -142,3 +142,30 @@ class WorkerThread:
         if self.thread.is_alive():
             self.worker.stop(hurry=True)
             self.thread.join(timeout)
+
+
+def kill_other_sessions(url: sa.URL) -> int:
+    """Kill every other session on this database from the server side (PostgreSQL or MariaDB); returns how
+    many."""
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                query = (
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                )
+                return int(conn.execute(sa.text(query)).scalar_one())
+            ids = conn.execute(
+                sa.text("SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()")
+            ).scalars()
+            killed = 0
+            for session in list(ids):
+                try:
+                    conn.execute(sa.text(f"KILL CONNECTION {int(session)}"))
+                    killed += 1
+                except sa.exc.DBAPIError:  # it ended by itself meanwhile
+                    pass
+            return killed
+    finally:
+        engine.dispose()

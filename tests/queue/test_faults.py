@@ -11,29 +11,7 @@ import sqlalchemy as sa
 import dibs
 from dibs.schema import jobs
 from tests.queue.conftest import QueueDatabase
-from tests.queue.support import job_rows, wait_until
-
-
-def kill_other_connections(qdb: QueueDatabase) -> int:
-    """Kill every other session on this test's database from the server side; returns how many."""
-    with qdb.new_engine().connect() as conn:
-        if qdb.family == "postgresql":
-            query = (
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
-            return int(conn.execute(sa.text(query)).scalar_one())
-        ids = conn.execute(
-            sa.text("SELECT id FROM information_schema.processlist WHERE db = DATABASE() AND id <> CONNECTION_ID()")
-        ).scalars()
-        killed = 0
-        for session in list(ids):
-            try:
-                conn.execute(sa.text(f"KILL CONNECTION {int(session)}"))
-                killed += 1
-            except sa.exc.DBAPIError:  # it ended by itself meanwhile
-                pass
-        return killed
+from tests.queue.support import job_rows, kill_other_sessions, wait_until
 
 
 def test_a_worker_finishes_every_job_while_its_connections_are_killed(qdb: QueueDatabase) -> None:
@@ -55,7 +33,7 @@ def test_a_worker_finishes_every_job_while_its_connections_are_killed(qdb: Queue
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(set(ran)) < 600:
         time.sleep(0.15)
-        kills += kill_other_connections(qdb)
+        kills += kill_other_sessions(qdb.url)
     wait_until(
         lambda: all(row.status == "succeeded" for row in job_rows(qdb.engine)),
         timeout=60,
@@ -102,6 +80,6 @@ def test_a_worker_starts_when_its_pooled_connection_was_killed_under_it(qdb: Que
     # statement (the schema check as it starts) meets a dropped connection.
     with app.engine.connect() as conn:
         conn.execute(sa.select(1))
-    assert kill_other_connections(qdb) >= 1
+    assert kill_other_sessions(qdb.url) >= 1
     stats = qdb.drain(app, concurrency=1)
     assert stats.succeeded == 1
