@@ -221,8 +221,12 @@ def test_no_two_events_of_an_aggregate_are_in_flight_at_once_but_aggregates_go_i
     recorder = Recorder(pause=0.03)
     webhook_server.respond = recorder
     outbox = odb.outbox()
-    ids = add_events(outbox, interleaved(aggregates=10, per_aggregate=5))
     relays = [odb.start(outbox, webhook_server.url, batch=4, concurrency=3) for _ in range(3)]
+    # Every relay running before the events come: one that started first could otherwise publish them all
+    # before the others had begun.
+    wait_until(lambda: all(relay.relay._loop is not None for relay in relays), what="the relays to start")
+    time.sleep(0.3)
+    ids = add_events(outbox, interleaved(aggregates=10, per_aggregate=5))
 
     wait_until(published(odb, ids), timeout=30, what="every event to be published")
     for relay in relays:
