@@ -99,11 +99,13 @@ class DriverStatement:
         if results is None:
             assert description is not None
             # Some processors depend on the driver's type code for the column, known from the first result.
-            results = self._results = []
+            # The list is complete before it is shared: other threads run the same statement.
+            results = []
             for position, (column, described) in enumerate(zip(self._columns, description, strict=True)):
                 processor = column.type.dialect_impl(self._dialect).result_processor(self._dialect, described[1])
                 if processor is not None:
                     results.append((position, processor))
+            self._results = results
         if results:
             converted = []
             # Claimed rows often share a value (the lease's expiry, its owner): each column remembers its
