@@ -11,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -77,6 +78,38 @@ def test_an_expired_lease_on_the_last_attempt_is_dead(qdb: QueueDatabase) -> Non
     assert dead.last_error is not None
     assert "stopped renewing its lease" in dead.last_error
     assert app.store.succeed(app.engine, [lease]) == [lease]
+
+
+def test_a_lease_expiring_between_the_recovery_passes_is_not_queued_past_its_last_attempt(
+    qdb: QueueDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    app = qdb.app()
+
+    @app.task(name="work.do", max_attempts=1)
+    def do() -> None: ...
+
+    job = app.enqueue(do)
+    app.store.claim(
+        app.engine, owner="worker-a", lease_seconds=30, limit=1, queues=["default"], tasks=["work.do"], tags=[]
+    )
+    recover = dibs.queue.store.leases.recover
+    passes = []
+
+    def expiring_after_the_first_pass(*args: Any, **kwargs: Any) -> list[tuple[Any, ...]]:
+        found = recover(*args, **kwargs)
+        if not passes:  # the lease runs out just after the pass that buries last attempts looked
+            with qdb.engine.begin() as conn:
+                conn.execute(jobs.update().values(lease_expires_at=jobs.c.enqueued_at))
+        passes.append(found)
+        return found
+
+    monkeypatch.setattr(dibs.queue.store.leases, "recover", expiring_after_the_first_pass)
+    assert app.store.recover_expired(app.engine) == (0, 0)
+    assert app.get(job.id).status == "running"
+    monkeypatch.undo()
+    assert app.store.recover_expired(app.engine) == (0, 1)
+    dead = app.get(job.id)
+    assert (dead.status, dead.attempts) == ("dead", 1)
 
 
 # -- worker processes ----------------------------------------------------------------------------------

@@ -211,7 +211,9 @@ class JobStore:
             status=DEAD,
             set={jobs.c.last_error: message, jobs.c.dedupe_key: None},
         )
-        requeued = leases.recover(conn, status=QUEUED)
+        # The same test again: a lease that expired between the two statements must not be queued for an
+        # attempt past its last (it is buried at the next round instead).
+        requeued = leases.recover(conn, where=jobs.c.attempts < jobs.c.max_attempts, status=QUEUED)
         return len(requeued), len(dead)
 
     def purge(
