@@ -3,11 +3,6 @@ PostgreSQL server as a fixture-friendly helper, and the end-of-run history check
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,57 +13,20 @@ from sqlalchemy.engine import Engine
 
 from tests.chaos.history import Report, check_jobs, load, read_jobs
 from tests.chaos.servers import ServerUnavailable, ThrowawayMariaDB, ThrowawayPostgres
+from tests.processes import ScriptProcess
 from tests.queue.support import wait_until
 from tests.targets import IN_CI
 
-ROOT = Path(__file__).resolve().parents[2]
 
-
-class WorkerProcess:
+class WorkerProcess(ScriptProcess):
     """A recording worker (tests.chaos.infra_worker) in an OS process of its own; its output in a log file."""
 
+    kind = "worker"
+
     def __init__(self, directory: Path, history: Path, name: str, db_url: sa.URL, *options: str) -> None:
-        self.name = name
-        directory.mkdir(parents=True, exist_ok=True)
-        self.log = directory / f"{name}.log"
-        self.ready = directory / f"{name}.ready"
-        self.stats_file = directory / f"{name}.stats"
-        command = [
-            sys.executable, "-m", "tests.chaos.infra_worker", db_url.render_as_string(hide_password=False),
-            "--history", str(history), "--actor", name, "--ready", str(self.ready), "--stats", str(self.stats_file),
-            *options,
-        ]  # fmt: skip
-        environment = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        }
-        with self.log.open("wb") as output:
-            self.process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=output, stderr=subprocess.STDOUT)
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def terminate(self) -> None:
-        if self.alive():
-            self.process.send_signal(signal.SIGTERM)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"worker {self.name} did not exit within {timeout} s:\n{self.output()}") from None
-
-    def stats(self) -> dict[str, int]:
-        data: dict[str, int] = json.loads(self.stats_file.read_text())
-        return data
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
+        url = db_url.render_as_string(hide_password=False)
+        module = "tests.chaos.infra_worker"
+        super().__init__(directory, name, module, url, "--history", str(history), "--actor", name, *options)
 
 
 def wait_ready(workers: Sequence[WorkerProcess], timeout: float = 60.0) -> None:

@@ -4,11 +4,6 @@ threads and in processes of their own with short timings, and reading back what 
 from __future__ import annotations
 
 import asyncio
-import json
-import os
-import signal
-import subprocess
-import sys
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -23,9 +18,8 @@ import dibs
 from dibs.outbox.publishers import Publisher
 from dibs.schema import PUBLISHED
 from dibs.schema import outbox as outbox_table
+from tests.processes import ScriptProcess
 from tests.queue.support import family_of, wait_until
-
-ROOT = Path(__file__).resolve().parents[2]
 
 #: Relay timings that keep every test short: short leases, frequent upkeep, quick polls.
 FAST_RELAY: dict[str, Any] = {"lease": 2.0, "poll": 0.05, "upkeep_every": 0.1, "grace": 5.0, "handle_signals": False}
@@ -231,66 +225,14 @@ def ids_per_aggregate(entries: Sequence[tuple[str, dict[str, str]]]) -> dict[str
 # -- relays in processes of their own ----------------------------------------------------------------------
 
 
-class RelayProcess:
+class RelayProcess(ScriptProcess):
     """A relay in an OS process of its own (tests.outbox.relay_process), with its files in a directory."""
 
+    kind = "relay process"
+
     def __init__(self, directory: Path, name: str, db_url: sa.URL, publisher_url: str, *options: str) -> None:
-        self.directory = directory
-        self.name = name
-        directory.mkdir(parents=True, exist_ok=True)
-        self.log = directory / f"{name}.log"
-        self.ready = directory / f"{name}.ready"
-        self.stats_file = directory / f"{name}.stats"
-        command = [
-            sys.executable,
-            "-m",
-            "tests.outbox.relay_process",
-            db_url.render_as_string(hide_password=False),
-            publisher_url,
-            "--name",
-            name,
-            "--ready",
-            str(self.ready),
-            "--stats",
-            str(self.stats_file),
-            *options,
-        ]
-        environment = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        }
-        with self.log.open("wb") as output:
-            self.process = subprocess.Popen(command, cwd=ROOT, env=environment, stdout=output, stderr=subprocess.STDOUT)
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def terminate(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-
-    def wait(self, timeout: float) -> int:
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(
-                f"relay process {self.name} did not exit within {timeout} s:\n{self.output()}"
-            ) from None
-
-    def stats(self) -> dict[str, int]:
-        """What the relay did, as it wrote when it stopped."""
-        data: dict[str, int] = json.loads(self.stats_file.read_text())
-        return data
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait(10)
+        url = db_url.render_as_string(hide_password=False)
+        super().__init__(directory, name, "tests.outbox.relay_process", url, publisher_url, "--name", name, *options)
 
 
 # -- NATS JetStream and RabbitMQ ---------------------------------------------------------------------------
