@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -127,6 +129,59 @@ def test_order_is_the_claim_order_even_when_set_changes_the_ordering_column(db: 
     )
     assert [row.id for row in rows] == [5, 4, 3]
     assert [row.priority for row in rows] == [500, 400, 300]
+
+
+def _ordering_table(db: Harness) -> sa.Table:
+    """Forty rows of integers, times, flags and text, with NULLs and ties in each."""
+    table = db.table(
+        "ordered",
+        sa.Column("id", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("status", sa.String(20), nullable=False, server_default="ready"),
+        sa.Column("priority", sa.Integer, nullable=True),
+        sa.Column("due", sa.DateTime, nullable=True),
+        sa.Column("flag", sa.Boolean, nullable=True),
+        sa.Column("name", sa.String(20), nullable=True),
+    )
+    names = ["b", "B", "a", "A", "ab", "é", "z", None]
+    db.execute(
+        table.insert(),
+        [
+            {
+                "id": i,
+                "priority": None if i % 7 == 0 else (i * 37) % 5,
+                "due": None if i % 5 == 0 else datetime(2026, 1, 1) + timedelta(hours=(i * 13) % 9),
+                "flag": None if i % 6 == 0 else bool(i % 2),
+                "name": names[i % len(names)],
+            }
+            for i in range(1, 41)
+        ],
+    )
+    return table
+
+
+ORDERINGS: dict[str, Callable[[sa.Table], list[Any]]] = {
+    "integer": lambda t: [t.c.priority, t.c.id],
+    "integer descending": lambda t: [t.c.priority.desc(), t.c.id.desc()],
+    "time": lambda t: [t.c.due, t.c.id],
+    "time descending": lambda t: [t.c.due.desc(), t.c.id],
+    "flag then integer": lambda t: [t.c.flag, t.c.priority.desc(), t.c.id],
+    "text": lambda t: [t.c.name, t.c.id],
+    "text descending": lambda t: [t.c.name.desc(), t.c.priority, t.c.id],
+    "expression": lambda t: [t.c.priority * -1, t.c.id],
+}
+
+
+@pytest.mark.parametrize("name", ORDERINGS)
+def test_claimed_rows_come_in_the_order_the_database_sorts_them(db: Harness, name: str) -> None:
+    # Where the claim sorts its rows itself (in Python, or by joining to the picked order), they must come
+    # exactly as the database's own ORDER BY puts them, NULLs, collation and all.
+    table = _ordering_table(db)
+    order = ORDERINGS[name](table)
+    expected = [row.id for row in db.rows(sa.select(table.c.id).order_by(*order))]
+    claimed: list[int] = []
+    while rows := db.claim(table, where=table.c.status == "ready", set={"status": "running"}, limit=15, order_by=order):
+        claimed.extend(row.id for row in rows)
+    assert claimed == expected
 
 
 @pytest.mark.parametrize("limit", [0, -1])

@@ -12,9 +12,11 @@ planner may rescan that sub-select (a semi-join), and each rescan skips the rows
 locked, so a single call can claim more than n rows under contention. A MATERIALIZED CTE is evaluated
 exactly once. Before PostgreSQL 12 every CTE was materialized and the keyword did not exist.
 
-RETURNING comes back in no promised order, so when the caller asked for an order the statement
-carries the pre-update order values in the CTE, joins the returned rows to them and sorts in SQL, with
-the database's own collation.
+RETURNING comes back in no promised order. When the caller orders by columns the claim returns and
+leaves unchanged, of types whose Python values sort as PostgreSQL sorts them (integers, booleans,
+dates and times), the rows are sorted in Python. Otherwise the statement carries the pre-update order
+values in the CTE, joins the returned rows to them and sorts in SQL, with the database's own collation;
+that join and sort cost the server about a seventh of a ten-row claim.
 """
 
 from __future__ import annotations
@@ -38,10 +40,13 @@ from dibs.dialects.base import (
     ClaimRequest,
     ClaimStrategy,
     Listener,
+    SortKey,
     StatementCache,
     explicit_transaction,
     fenced_in_list,
     fenced_in_list_values,
+    in_order,
+    python_order,
     run_then,
     server_version,
     split_order,
@@ -50,6 +55,9 @@ from dibs.dialects.base import (
 from dibs.dialects.portable import PORTABLE_INSTEAD, PortableClaim
 
 SKIP_LOCKED_SINCE = (9, 5)
+#: Column types whose Python values sort as PostgreSQL sorts them. Not text (collations), nor floats and
+#: numerics (PostgreSQL sorts NaN above every number; Python cannot sort it at all).
+_SORTABLE = (sa.Integer, sa.Boolean, sa.Date, sa.DateTime)
 MATERIALIZED_SINCE = (12,)
 
 
@@ -68,14 +76,16 @@ class PostgreSQLClaim:
         # The claim alone is one atomic statement, even in autocommit; with more statements after it (then=)
         # it needs a real transaction.
         with conn.begin() if request.then is None else self.backend.transaction(conn):
-            statement, reused = self.statements(request), request.shape is not None
+            (statement, order), reused = self.statements(request), request.shape is not None
             rows = driver.fetch(conn, statement, request.execution(), request.returned, reused=reused)
-            return run_then(conn, request, rows)
+            return run_then(conn, request, in_order(rows, order) if order else rows)
 
-    def statement(self, request: ClaimRequest) -> sa.Executable:
+    def statement(self, request: ClaimRequest) -> tuple[sa.Executable, tuple[SortKey, ...]]:
+        """The claim, and how to sort its rows in Python (nothing to do: in order already, or unordered)."""
         table = request.table
         keys = request.key_columns
-        orderings = [split_order(clause) for clause in request.order_by]
+        in_python = python_order(request, _SORTABLE, text=False, nulls_first_ascending=False)
+        orderings = [split_order(clause) for clause in request.order_by] if in_python is None else []
         order_labels = [f"dibs_order_{index}" for index in range(len(orderings))]
         labelled = (expression.label(label) for (expression, _), label in zip(orderings, order_labels, strict=True))
         picked = request.candidates(*keys, *labelled).with_for_update(skip_locked=True, of=table).cte("dibs_picked")
@@ -93,13 +103,14 @@ class PostgreSQLClaim:
             else sa.update(table).where(chosen).values(dict(request.values))
         )
         if not orderings:
-            return change.returning(*request.returned)
+            return change.returning(*request.returned), in_python or ()
         claimed = change.returning(*request.returned).cte("dibs_claimed")
-        return (
+        ordered = (
             sa.select(*claimed.columns)
             .join_from(claimed, picked, sa.and_(*(claimed.c[key.name] == picked.c[key.name] for key in keys)))
             .order_by(*(reorder(picked.c[label]) for (_, reorder), label in zip(orderings, order_labels, strict=True)))
         )
+        return ordered, ()
 
 
 class PostgreSQL(BackendDefaults):

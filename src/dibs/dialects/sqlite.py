@@ -19,14 +19,13 @@ import json
 import sqlite3
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from operator import itemgetter
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
-from sqlalchemy.sql import ColumnElement, operators
+from sqlalchemy.sql import ColumnElement
 
 from dibs._errors import Busy
 from dibs.dialects import driver
@@ -35,12 +34,15 @@ from dibs.dialects.base import (
     BackendDefaults,
     ClaimRequest,
     ClaimStrategy,
+    SortKey,
     StatementCache,
     fenced_in_list,
     fenced_in_list_values,
     in_key_order,
+    in_order,
     key_values,
     keys_in,
+    python_order,
     run_then,
     server_version,
     warn_fallback,
@@ -60,13 +62,7 @@ class _Statements(NamedTuple):
     #: Where the claim is one statement that picks, changes and returns (None: pick first, then change),
     #: and how its rows are put back in order.
     single: sa.Update | sa.Delete | None = None
-    order: tuple[_SortKey, ...] = ()
-
-
-class _SortKey(NamedTuple):
-    position: int  # of the value in a returned row
-    descending: bool
-    nulls_first: bool
+    order: tuple[SortKey, ...] = ()
 
 
 #: Column types whose Python values sort as SQLite sorts what SQLAlchemy stored for them.
@@ -97,7 +93,8 @@ class SQLiteClaim:
             change = _change(request, chosen)
             return _Statements(pick, change, sa.select(*request.returned).where(chosen))
         statements = _Statements(pick, _change(request, chosen).returning(*request.returned), None)
-        order = _python_order(request)
+        # SQLite sorts NULLs first in ascending order; text in its own BINARY collation, code-point order.
+        order = python_order(request, _SORTABLE, text=True, nulls_first_ascending=True)
         if order is None:
             return statements
         picked = (keys[0] if len(keys) == 1 else sa.tuple_(*keys)).in_(
@@ -113,7 +110,7 @@ class SQLiteClaim:
             parameters = request.execution()
             if statements.single is not None:
                 rows = driver.fetch(conn, statements.single, parameters, request.returned, reused=reused)
-                return run_then(conn, request, _in_order(rows, statements.order))
+                return run_then(conn, request, in_order(rows, statements.order))
             picked = [tuple(row) for row in driver.fetch(conn, statements.pick, parameters, keys, reused=reused)]
             if not picked:
                 return []
@@ -133,48 +130,6 @@ def _change(request: ClaimRequest, chosen: ColumnElement[bool]) -> sa.Update | s
     if request.delete:
         return sa.delete(request.table).where(chosen)
     return sa.update(request.table).where(chosen).values(dict(request.values))
-
-
-def _python_order(request: ClaimRequest) -> tuple[_SortKey, ...] | None:
-    """How to sort the claimed rows in Python as ORDER BY sorted them, or None where Python cannot be sure
-    to: an order by anything but columns the claim returns unchanged, of types whose values sort alike
-    (text only in SQLite's own BINARY collation, which is code-point order, as Python's)."""
-    returned = [column.name for column in request.returned]
-    order = []
-    for clause in request.order_by:
-        element: Any = clause
-        descending, nulls_first = False, None
-        while isinstance(element, sa.UnaryExpression) and element.modifier is not None:
-            if element.modifier is operators.desc_op:
-                descending = True
-            elif element.modifier in (operators.nulls_first_op, operators.nulls_last_op):
-                nulls_first = element.modifier is operators.nulls_first_op
-            elif element.modifier is not operators.asc_op:
-                return None
-            element = element.element
-        if not isinstance(element, sa.Column) or element.table is not request.table:
-            return None
-        text = isinstance(element.type, sa.String) and getattr(element.type, "collation", None) is None
-        if not (text or isinstance(element.type, _SORTABLE)) or type(element.type) is sa.Interval:
-            return None
-        if element.name in request.values or element.name not in returned:
-            return None
-        # SQLite puts NULLs first in ascending order and last in descending order, unless told otherwise.
-        order.append(
-            _SortKey(returned.index(element.name), descending, not descending if nulls_first is None else nulls_first)
-        )
-    return tuple(order)
-
-
-def _in_order(rows: list[Row[Any]], order: Sequence[_SortKey]) -> list[Row[Any]]:
-    """Rows sorted by ``order``: one stable sort per key, the last key first."""
-    for position, descending, nulls_first in reversed(order):
-        present = sorted(
-            (row for row in rows if row[position] is not None), key=itemgetter(position), reverse=descending
-        )
-        absent = [row for row in rows if row[position] is None]
-        rows = absent + present if nulls_first else present + absent
-    return rows
 
 
 def json_keys(key_columns: Sequence[sa.Column[Any]]) -> bool:

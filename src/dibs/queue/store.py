@@ -120,8 +120,10 @@ class JobStore:
             ],
             order_by=[jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id],
             set={jobs.c.started_at: self.backend.now()},
-            # What the worker reads of a claimed job; decoding the other columns cost more than the claim.
-            columns=[jobs.c.task, jobs.c.args, jobs.c.attempts, jobs.c.max_attempts],
+            # What the worker reads of a claimed job (decoding the other columns cost more than the claim), and
+            # the order's columns: returned, the claim sorts its rows itself instead of having the database
+            # join them back to the picked order (PostgreSQL) or pick them in a statement of their own (SQLite).
+            columns=[jobs.c.task, jobs.c.args, jobs.c.attempts, jobs.c.max_attempts, jobs.c.priority, jobs.c.run_at],
         )
         return claimer
 
