@@ -8,6 +8,9 @@ alternate between dibs and raw so that drift on a noisy machine hits both; media
 
     python -m benchmarks.claim                       # every backend, batch 1/10/100/1000, 1 and 2 processes
     python -m benchmarks.claim --backends sqlite --batches 10,100 --repeats 5
+
+dibs runs twice: with every call on the engine (a pool checkout per call, the simplest use), and with
+every call on one connection the loop holds (as the floor holds its one driver connection).
 """
 
 from __future__ import annotations
@@ -83,6 +86,7 @@ def fill(backend: str, url: str, rows: int) -> None:
 
 
 def dibs_worker(url: str, batch: int, owner: str) -> int:
+    """Every call on the engine: each checks a connection out of the pool and back in."""
     engine = dibs.create_engine(url)
     leases = dibs.Leases(bench_table())
     order = leases.table.c.id
@@ -90,6 +94,20 @@ def dibs_worker(url: str, batch: int, owner: str) -> int:
     while held := leases.claim(engine, owner=owner, duration=30, limit=batch, order_by=order):
         leases.complete_many(engine, held)
         done += len(held)
+    engine.dispose()
+    return done
+
+
+def dibs_connection_worker(url: str, batch: int, owner: str) -> int:
+    """Every call on one connection the loop holds, as the raw floor holds its one driver connection."""
+    engine = dibs.create_engine(url)
+    leases = dibs.Leases(bench_table())
+    order = leases.table.c.id
+    done = 0
+    with engine.connect() as conn:
+        while held := leases.claim(conn, owner=owner, duration=30, limit=batch, order_by=order):
+            leases.complete_many(conn, held)
+            done += len(held)
     engine.dispose()
     return done
 
@@ -224,8 +242,12 @@ RAW_WORKERS: dict[str, Callable[[str, int, str], int]] = {
 # -- running trials --------------------------------------------------------------------------------
 
 
+DIBS_WORKERS: dict[str, Callable[[str, int, str], int]] = {"dibs": dibs_worker, "dibs-conn": dibs_connection_worker}
+KINDS = ("raw", *DIBS_WORKERS)
+
+
 def _timed(kind: str, backend: str, url: str, batch: int, owner: str, start: Any) -> tuple[int, float]:
-    worker = dibs_worker if kind == "dibs" else RAW_WORKERS[backend]
+    worker = DIBS_WORKERS.get(kind) or RAW_WORKERS[backend]
     start.wait()
     done = worker(url, batch, owner)
     return done, time.monotonic()
@@ -285,11 +307,11 @@ def main(argv: list[str] | None = None) -> None:
             for batch in batches:
                 for processes in process_counts:
                     for _ in range(options.repeats):
-                        for kind in ("raw", "dibs"):
+                        for kind in KINDS:
                             result = trial(kind, backend, where[backend], batch, processes)
                             trials.append(result)
                             print(
-                                f"  {backend:<10} batch {batch:>4}  x{processes}  {kind:<4} "
+                                f"  {backend:<10} batch {batch:>4}  x{processes}  {kind:<9} "
                                 f"{result.rows_per_second:>10,.0f} rows/s",
                                 flush=True,
                             )
@@ -297,8 +319,11 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def report(trials: list[Trial]) -> None:
-    print("\nmedian rows/s (claim + fenced complete); ratio = dibs / raw floor, same run")
-    print(f"{'backend':<11}{'batch':>6}{'procs':>6}{'raw':>12}{'dibs':>12}{'ratio':>8}")
+    print(
+        "\nmedian rows/s (claim + fenced complete); ratio = dibs / raw floor, same run\n"
+        "dibs: each call on the engine (a pool checkout per call); dibs-conn: each call on one held connection"
+    )
+    print(f"{'backend':<11}{'batch':>6}{'procs':>6}{'raw':>12}{'dibs':>12}{'ratio':>8}{'dibs-conn':>12}{'ratio':>8}")
     summary = []
     keys = sorted({(t.backend, t.batch, t.processes) for t in trials}, key=lambda k: (k[0], k[1], k[2]))
     for backend, batch, processes in keys:
@@ -308,11 +333,24 @@ def report(trials: list[Trial]) -> None:
                 for t in trials
                 if (t.backend, t.batch, t.processes, t.kind) == (backend, batch, processes, kind)
             )
-            for kind in ("raw", "dibs")
+            for kind in KINDS
         }
         ratio = medians["dibs"] / medians["raw"]
-        summary.append({"backend": backend, "batch": batch, "processes": processes, **medians, "ratio": ratio})
-        print(f"{backend:<11}{batch:>6}{processes:>6}{medians['raw']:>12,.0f}{medians['dibs']:>12,.0f}{ratio:>8.2f}")
+        held_ratio = medians["dibs-conn"] / medians["raw"]
+        summary.append(
+            {
+                "backend": backend,
+                "batch": batch,
+                "processes": processes,
+                **medians,
+                "ratio": ratio,
+                "ratio_conn": held_ratio,
+            }
+        )
+        print(
+            f"{backend:<11}{batch:>6}{processes:>6}{medians['raw']:>12,.0f}{medians['dibs']:>12,.0f}{ratio:>8.2f}"
+            f"{medians['dibs-conn']:>12,.0f}{held_ratio:>8.2f}"
+        )
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"claim-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(

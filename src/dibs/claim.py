@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.sql import ClauseElement, ColumnElement
 
 from dibs._errors import InTransaction, InvalidArgument
-from dibs.dialects import ClaimRequest, backend_for, strategy_for
+from dibs.dialects import ClaimRequest, backend_for, driver, strategy_for
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -112,10 +112,11 @@ def claim_on_connection(
     if request.limit <= 0:
         return []
     chosen = strategy_for(conn.dialect, strategy)
-    if owned and chosen.single_statement and request.then is None:
-        # One statement is atomic on its own: without BEGIN and COMMIT it costs one round trip, not three.
-        conn.execution_options(isolation_level="AUTOCOMMIT")
     try:
+        if chosen.single_statement and request.then is None:
+            # One statement is atomic on its own: without BEGIN and COMMIT it costs one round trip, not three.
+            with driver.autocommit(conn, owned=owned):
+                return chosen.claim(conn, request)
         return chosen.claim(conn, request)
     except sa.exc.DBAPIError as exc:
         translated = backend_for(conn.dialect).translate(exc)

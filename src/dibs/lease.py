@@ -123,13 +123,16 @@ def _transaction(
         with bind.connect() as conn:
             if autocommit:
                 # SQLAlchemy's transaction sends nothing in autocommit mode; it marks the statement's bounds.
-                with conn.execution_options(isolation_level="AUTOCOMMIT").begin():
+                with driver.autocommit(conn, owned=True), conn.begin():
                     yield conn
                 return
             with open_transaction(conn):
                 yield conn
     elif bind.in_transaction():
         yield bind
+    elif autocommit:
+        with driver.autocommit(bind, owned=False), bind.begin():
+            yield bind
     else:
         with open_transaction(bind):
             yield bind

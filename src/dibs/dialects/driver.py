@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import uuid
 import weakref
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import suppress
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any, cast
@@ -225,3 +225,37 @@ def _run(
     finally:
         with suppress(Exception):  # a cursor of a connection that just died may fail to close
             cursor.close()
+
+
+@contextmanager
+def autocommit(conn: Connection, *, owned: bool) -> Iterator[None]:
+    """Run the one statement of the block, a claim or a lease write that is atomic on its own, without BEGIN
+    and COMMIT (one round trip instead of three) on ``conn``, which has no transaction open.
+
+    With psycopg the driver connection is switched to autocommit for the block and back after it: SQLAlchemy
+    sees no transaction before the block and none after, as if it had run one, so this holds on a caller's
+    connection too. Setting SQLAlchemy's AUTOCOMMIT isolation level instead goes through its connection
+    characteristics (set on checkout, reset on return), which cost as much as the statement's own Python
+    time; it is still what other drivers get, on connections dibs checked out itself (``owned``). A
+    caller's connection with another driver runs the statement in a transaction of its own.
+    """
+    dialect = conn.dialect
+    if conn.in_transaction() or dialect.driver != "psycopg" or dialect.is_async:
+        if owned and not conn.in_transaction():
+            conn.execution_options(isolation_level="AUTOCOMMIT")
+        yield
+        return
+    dbapi_connection: Any = conn.connection.dbapi_connection
+    if dbapi_connection.autocommit:  # the caller's AUTOCOMMIT isolation level: nothing to switch
+        yield
+        return
+    dbapi_connection.autocommit = True
+    try:
+        yield
+    finally:
+        if not conn.invalidated:
+            try:
+                dbapi_connection.autocommit = False
+            except Exception:
+                # Never hand the pool a connection that would commit every statement of a later transaction.
+                conn.invalidate()

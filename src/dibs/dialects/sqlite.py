@@ -36,6 +36,7 @@ from dibs.dialects.base import (
     ClaimStrategy,
     SortKey,
     StatementCache,
+    constant,
     fenced_in_list,
     fenced_in_list_values,
     in_key_order,
@@ -52,6 +53,7 @@ from dibs.dialects.portable import AppClock
 RETURNING_SINCE = (3, 35)
 JSON_BUILT_IN = sqlite3.sqlite_version_info >= (3, 38)
 BUSY_TIMEOUT_SECONDS = 10.0
+_BEGIN_IMMEDIATE = sa.text("BEGIN IMMEDIATE")
 _BUSY_CODES = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED (primary result codes)
 
 
@@ -183,7 +185,7 @@ class SQLite(AppClock, BackendDefaults):
         # busy handler.
         with conn.begin():
             if not _driver_in_transaction(conn.connection.dbapi_connection):
-                conn.exec_driver_sql("BEGIN IMMEDIATE")
+                driver.execute(conn, _BEGIN_IMMEDIATE, {})
             yield
 
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
@@ -204,14 +206,18 @@ class SQLite(AppClock, BackendDefaults):
         return {**options, "connect_args": connect_args}
 
     def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
+        """A join with the (key, token) pairs, given as one JSON array of two-element arrays: a lease write
+        becomes ``UPDATE t ... FROM (SELECT <key>, <token> FROM json_each(:pairs)) WHERE t.pk = key AND
+        t.token = token``, which finds each row by its primary key and reads the JSON once (a row-value
+        ``IN`` over the same array took twice as long at every batch size)."""
         if not json_keys(key_columns):
             return fenced_in_list(key_columns, token)
-        # (key, token) pairs as one JSON array of two-element arrays.
-        pairs = sa.bindparam("dibs_fenced_pairs", type_=sa.String)
-        held = sa.func.json_each(pairs).table_valued("value")
-        key, held_token = sa.func.json_extract(held.c.value, "$[0]"), sa.func.json_extract(held.c.value, "$[1]")
-        column = key_columns[0]
-        return sa.and_(column.in_(sa.select(key)), sa.tuple_(column, token).in_(sa.select(key, held_token)))
+        listed = sa.func.json_each(sa.bindparam("dibs_fenced_pairs", type_=sa.String)).table_valued("value")
+        held = sa.select(
+            sa.func.json_extract(listed.c.value, constant("$[0]")).label("dibs_key"),
+            sa.func.json_extract(listed.c.value, constant("$[1]")).label("dibs_token"),
+        ).subquery("dibs_held")
+        return sa.and_(key_columns[0] == held.c.dibs_key, token == held.c.dibs_token)
 
     def fenced_values(self, key_columns: Sequence[sa.Column[Any]], pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
         if not json_keys(key_columns):
