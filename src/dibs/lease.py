@@ -503,6 +503,7 @@ class Leases:
             # the locks of the read until the write.
             transaction = _transaction(bind, backend.transaction)
         written: set[tuple[Any, ...]] = set()
+        lost: list[Lease] = []
         with transaction as conn:
             for start in range(0, len(leases), WRITE_CHUNK):
                 chunk = leases[start : start + WRITE_CHUNK]
@@ -512,7 +513,11 @@ class Leases:
                 }
                 if returning:
                     changed = driver.fetch(conn, statements.returning, chunk_parameters, fenced_columns)
-                    written.update(map(tuple, changed))
+                    # A row changes once however often its lease is listed: as many rows as leases means
+                    # every lease was held (the common case, told without matching them up).
+                    if len(changed) != len(chunk):
+                        done = set(map(tuple, changed))
+                        lost.extend(lease for lease in chunk if (*lease.key, lease.token) not in done)
                     continue
                 # A locking read sees the latest committed rows whatever the caller's snapshot, and
                 # holding their locks, exactly these rows are then written.
@@ -520,6 +525,8 @@ class Leases:
                 if held:
                     conn.execute(statements.write, chunk_parameters)
                 written |= held
+        if returning:
+            return lost
         return [lease for lease in leases if (*lease.key, lease.token) not in written]
 
     def _write_statements(
