@@ -36,7 +36,6 @@ from dibs.dialects.base import (
     ClaimStrategy,
     SortKey,
     StatementCache,
-    constant,
     fenced_in_list,
     fenced_in_list_values,
     in_key_order,
@@ -54,6 +53,7 @@ RETURNING_SINCE = (3, 35)
 JSON_BUILT_IN = sqlite3.sqlite_version_info >= (3, 38)
 BUSY_TIMEOUT_SECONDS = 10.0
 _BEGIN_IMMEDIATE = sa.text("BEGIN IMMEDIATE")
+_FENCED_TOKENS = "dibs_fenced_tokens"
 _BUSY_CODES = {5, 6}  # SQLITE_BUSY, SQLITE_LOCKED (primary result codes)
 
 
@@ -206,23 +206,28 @@ class SQLite(AppClock, BackendDefaults):
         return {**options, "connect_args": connect_args}
 
     def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
-        """A join with the (key, token) pairs, given as one JSON array of two-element arrays: a lease write
-        becomes ``UPDATE t ... FROM (SELECT <key>, <token> FROM json_each(:pairs)) WHERE t.pk = key AND
-        t.token = token``, which finds each row by its primary key and reads the JSON once (a row-value
-        ``IN`` over the same array took twice as long at every batch size)."""
+        """A join with the held tokens, given as one JSON object from each key to its token: a lease write
+        becomes ``UPDATE t ... FROM json_each(:tokens) AS held WHERE t.pk = CAST(held.key AS INTEGER) AND
+        t.token = held.value``, which reads the JSON once and finds each row by its primary key. One
+        parameter keeps the statement the same for every batch size; it took a third of the time of a
+        row-value ``IN`` over an array of pairs, and less than a ``VALUES`` list of bound pairs."""
         if not json_keys(key_columns):
             return fenced_in_list(key_columns, token)
-        listed = sa.func.json_each(sa.bindparam("dibs_fenced_pairs", type_=sa.String)).table_valued("value")
-        held = sa.select(
-            sa.func.json_extract(listed.c.value, constant("$[0]")).label("dibs_key"),
-            sa.func.json_extract(listed.c.value, constant("$[1]")).label("dibs_token"),
-        ).subquery("dibs_held")
-        return sa.and_(key_columns[0] == held.c.dibs_key, token == held.c.dibs_token)
+        held = sa.func.json_each(sa.bindparam(_FENCED_TOKENS, type_=sa.String)).table_valued("key", "value")
+        held = held.alias("dibs_held")
+        return sa.and_(key_columns[0] == sa.cast(held.c.key, sa.Integer), token == held.c.value)
 
     def fenced_values(self, key_columns: Sequence[sa.Column[Any]], pairs: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
         if not json_keys(key_columns):
             return fenced_in_list_values(key_columns, pairs)
-        return {"dibs_fenced_pairs": json.dumps(pairs)}  # tuples become JSON arrays
+        tokens = dict(pairs)
+        if len(tokens) != len(pairs):
+            # One token per key: tokens only grow, so of two leases on one row only the newer can still hold.
+            tokens = {}
+            for key, token in pairs:
+                if key not in tokens or token > tokens[key]:
+                    tokens[key] = token
+        return {_FENCED_TOKENS: json.dumps(tokens)}  # integer keys become the object's names
 
     def elapsed(self, since: ColumnElement[Any], seconds: ColumnElement[Any]) -> ColumnElement[bool]:
         # Times are ISO text: compared as Julian days, to the microsecond's order of magnitude.
