@@ -151,6 +151,10 @@ _OWNER = "dibs_lease_owner"
 _LEASE_SECONDS = "dibs_lease_seconds"
 
 
+class _SomeLost(Exception):
+    """A lease write without RETURNING changed fewer rows than it had leases: some were lost."""
+
+
 class _LeaseFields(NamedTuple):
     """Where a claimed row holds the key's columns, the token and the expiry."""
 
@@ -484,7 +488,6 @@ class Leases:
         backend = backend_for(bind.dialect)
         extra_values = {column_of(self.table, key, "set"): value for key, value in (extra or {}).items()}
         statements = self._write_statements(backend, action, status, extra_values)
-        fenced_columns = (*self.key_columns, self.token)
         parameters = {
             **parameters,
             **{
@@ -494,39 +497,83 @@ class Leases:
             },
         }
         resolve_times(parameters)
-        returning = bool(bind.dialect.update_returning)
-        if returning:
-            # One statement: atomic on its own, so it may run in autocommit where the backend allows.
-            transaction = _transaction(bind, Connection.begin, autocommit=backend.atomic_statements)
-        else:
-            # Lock, read, then write: the backend's own transaction, real even in autocommit mode, keeps
-            # the locks of the read until the write.
-            transaction = _transaction(bind, backend.transaction)
-        written: set[tuple[Any, ...]] = set()
+        if bind.dialect.update_returning:
+            return self._write_returning(bind, backend, statements.returning, leases, parameters)
+        if bind.dialect.supports_sane_rowcount and (isinstance(bind, Engine) or not bind.in_transaction()):
+            try:
+                return self._write_counting(bind, backend, statements.write, leases, parameters)
+            except _SomeLost:
+                pass  # rolled back: the locking read below finds out which
+        return self._write_locking(bind, backend, statements, leases, parameters)
+
+    def _chunks(
+        self, backend: Backend, leases: Sequence[Lease], parameters: dict[str, Any]
+    ) -> Iterator[tuple[Sequence[Lease], dict[str, Any]]]:
+        """The leases in chunks of at most WRITE_CHUNK, each with its statement's parameters."""
+        for start in range(0, len(leases), WRITE_CHUNK):
+            chunk = leases[start : start + WRITE_CHUNK]
+            pairs = [(*lease.key, lease.token) for lease in chunk]
+            yield chunk, {**parameters, **backend.fenced_values(self.key_columns, pairs)}
+
+    def _write_returning(
+        self,
+        bind: Engine | Connection,
+        backend: Backend,
+        statement: sa.Update,
+        leases: Sequence[Lease],
+        parameters: dict[str, Any],
+    ) -> list[Lease]:
+        """One statement per chunk, returning the (key..., token) of the rows it changed."""
+        fenced_columns = (*self.key_columns, self.token)
         lost: list[Lease] = []
-        with transaction as conn:
-            for start in range(0, len(leases), WRITE_CHUNK):
-                chunk = leases[start : start + WRITE_CHUNK]
-                chunk_parameters = {
-                    **parameters,
-                    **backend.fenced_values(self.key_columns, [(*lease.key, lease.token) for lease in chunk]),
-                }
-                if returning:
-                    changed = driver.fetch(conn, statements.returning, chunk_parameters, fenced_columns)
-                    # A row changes once however often its lease is listed: as many rows as leases means
-                    # every lease was held (the common case, told without matching them up).
-                    if len(changed) != len(chunk):
-                        done = set(map(tuple, changed))
-                        lost.extend(lease for lease in chunk if (*lease.key, lease.token) not in done)
-                    continue
-                # A locking read sees the latest committed rows whatever the caller's snapshot, and
-                # holding their locks, exactly these rows are then written.
+        # One statement: atomic on its own, so it may run in autocommit where the backend allows.
+        with _transaction(bind, Connection.begin, autocommit=backend.atomic_statements) as conn:
+            for chunk, chunk_parameters in self._chunks(backend, leases, parameters):
+                changed = driver.fetch(conn, statement, chunk_parameters, fenced_columns)
+                # A row changes once however often its lease is listed: as many rows as leases means every
+                # lease was held (the common case, told without matching them up).
+                if len(changed) != len(chunk):
+                    done = set(map(tuple, changed))
+                    lost.extend(lease for lease in chunk if (*lease.key, lease.token) not in done)
+        return lost
+
+    def _write_counting(
+        self,
+        bind: Engine | Connection,
+        backend: Backend,
+        statement: sa.Update,
+        leases: Sequence[Lease],
+        parameters: dict[str, Any],
+    ) -> list[Lease]:
+        """Where there is no RETURNING and the write is a transaction of its own: the UPDATE alone, which
+        changed as many rows as there are distinct leases exactly when every lease was held (the common
+        case, in one round trip instead of a locking read and the write). Otherwise it is rolled back and
+        _SomeLost raised."""
+        with _transaction(bind, backend.transaction) as conn:
+            for chunk, chunk_parameters in self._chunks(backend, leases, parameters):
+                distinct = len({(*lease.key, lease.token) for lease in chunk})
+                if conn.execute(statement, chunk_parameters).rowcount != distinct:
+                    raise _SomeLost
+        return []
+
+    def _write_locking(
+        self,
+        bind: Engine | Connection,
+        backend: Backend,
+        statements: _WriteStatements,
+        leases: Sequence[Lease],
+        parameters: dict[str, Any],
+    ) -> list[Lease]:
+        """Where there is no RETURNING: lock and read the (key..., token) of the rows still held, then write
+        exactly those. A locking read sees the latest committed rows whatever the caller's snapshot, and the
+        backend's own transaction, real even in autocommit mode, keeps its locks until the write."""
+        written: set[tuple[Any, ...]] = set()
+        with _transaction(bind, backend.transaction) as conn:
+            for _, chunk_parameters in self._chunks(backend, leases, parameters):
                 held = set(map(tuple, conn.execute(statements.held, chunk_parameters)))
                 if held:
                     conn.execute(statements.write, chunk_parameters)
                 written |= held
-        if returning:
-            return lost
         return [lease for lease in leases if (*lease.key, lease.token) not in written]
 
     def _write_statements(
