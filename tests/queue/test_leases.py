@@ -3,6 +3,7 @@ terminated worker finishes what it runs and gives back the rest at once."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -223,3 +224,22 @@ def test_sigterm_finishes_running_jobs_and_releases_the_rest_at_once(
         assert len(started) < len(claimed), "every claimed job ran: nothing was left to release"
     finally:
         app.engine.dispose()
+
+
+def test_a_claimed_jobs_row_holds_what_the_worker_reads_where_it_reads_it(qdb: QueueDatabase) -> None:
+    from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, CLAIMED, ID_AT, TASK_AT
+
+    app = qdb.app()
+
+    @app.task(name="work.read")
+    def read(n: int) -> None: ...
+
+    job = app.enqueue(read, {"n": 7})
+    claim = {"limit": 1, "queues": ["default"], "tasks": ["work.read"], "tags": []}
+    (lease,) = app.store.claim(app.engine, owner="w", lease_seconds=30, **claim)
+    # The worker reads the row by position: the positions must name the columns the claim returns.
+    assert lease.row._fields == tuple(column.name for column in CLAIMED)
+    row = lease.row
+    assert (row[ID_AT], row[TASK_AT], row[ATTEMPTS_AT]) == (job.id, "work.read", 1)
+    assert json.loads(row[ARGS_AT]) == {"n": 7}
+    assert app.store.succeed(app.engine, [lease]) == []

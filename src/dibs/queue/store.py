@@ -68,6 +68,27 @@ def _key_taken() -> sa.ColumnElement[bool]:
     )
 
 
+#: The columns of a claimed job's row, in order: the lease's own (key, token, expiry), what the worker reads
+#: (decoding the other columns cost more than the claim), and the order's columns (returned, the claim
+#: sorts its rows itself instead of having the database join them back to the picked order, on
+#: PostgreSQL, or pick them in a statement of their own, on SQLite).
+CLAIMED = (
+    jobs.c.id,
+    jobs.c.lease_token,
+    jobs.c.lease_expires_at,
+    jobs.c.task,
+    jobs.c.args,
+    jobs.c.attempts,
+    jobs.c.max_attempts,
+    jobs.c.priority,
+    jobs.c.run_at,
+)
+#: Where the worker finds what it reads in a claimed job's row (by position: a row's mapping costs more
+#: than the rest of a no-op job's bookkeeping).
+_CLAIMED_NAMES = [column.name for column in CLAIMED]
+ID_AT, TASK_AT, ARGS_AT, ATTEMPTS_AT = (_CLAIMED_NAMES.index(name) for name in ("id", "task", "args", "attempts"))
+
+
 class JobStore:
     """The queue's statements for one engine."""
 
@@ -120,10 +141,7 @@ class JobStore:
             ],
             order_by=[jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id],
             set={jobs.c.started_at: self.backend.now()},
-            # What the worker reads of a claimed job (decoding the other columns cost more than the claim), and
-            # the order's columns: returned, the claim sorts its rows itself instead of having the database
-            # join them back to the picked order (PostgreSQL) or pick them in a statement of their own (SQLite).
-            columns=[jobs.c.task, jobs.c.args, jobs.c.attempts, jobs.c.max_attempts, jobs.c.priority, jobs.c.run_at],
+            columns=CLAIMED,
         )
         return claimer
 

@@ -42,7 +42,7 @@ from dibs._signals import handle_stop_signals
 from dibs.dialects.base import Listener
 from dibs.lease import Lease
 from dibs.queue.job import JobContext
-from dibs.queue.store import error_text
+from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, ID_AT, TASK_AT, error_text
 from dibs.queue.task import Task, checked_name
 from dibs.schema import CANCELLED, require_current, translated
 
@@ -175,7 +175,10 @@ class Worker:
         self._done: list[Lease] = []
         self._flushing = True
         self._done_ready: asyncio.Event | None = None
-        self._db = ThreadPoolExecutor(2, thread_name_prefix="dibs-db")
+        # SQLite takes one writer at a time: two threads of one worker writing at once (a claim and a flush of
+        # successes) would make one of them wait in SQLite's busy handler, which sleeps a millisecond and
+        # more; in one thread they take turns at once. Its statements run without the GIL either way.
+        self._db = ThreadPoolExecutor(1 if app.engine.dialect.name == "sqlite" else 2, thread_name_prefix="dibs-db")
         self._schema_reported: float | None = None  # when the missing tables were last logged
         self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="dibs-task")
 
@@ -369,8 +372,12 @@ class Worker:
                 self._work.clear()
                 await self._work.wait()
             lease = self._buffer.popleft()
-            if len(self._buffer) < self.concurrency:
-                self._wake_up()
+            if len(self._buffer) < self.concurrency and self._wake is not None and not self._wake.is_set():
+                self._wake.set()
+                # Let the fetcher send its next claim now, to the database threads: it then runs while this
+                # runner works through the rest of the buffer. Jobs that never await would otherwise keep
+                # the loop until the buffer is empty, and the claim would only start after the last of them.
+                await asyncio.sleep(0)
             try:
                 await self._run(lease, me)
             except Exception as error:
@@ -382,15 +389,15 @@ class Worker:
     async def _run(self, lease: Lease, runner: asyncio.Task[Any] | None) -> None:
         if self._held.get(lease.key) is not lease:
             return  # its lease was lost while it waited in the buffer
-        row = lease.row._mapping
-        job_id: int = row["id"]
-        task = self.app.tasks[row["task"]]
-        raw = row["args"]
+        row = lease.row
+        job_id: int = row[ID_AT]
+        task = self.app.tasks[row[TASK_AT]]
+        raw = row[ARGS_AT]
         args = {} if raw == "{}" else _decoded(raw)
         if isinstance(args, str):  # not arguments at all: written by something other than enqueue
             await self._reject(lease, task, f"the arguments stored for job {job_id} ({task.name}) {args}")
             return
-        context = JobContext(job_id, task.name, row["attempts"], args)
+        context = JobContext(job_id, task.name, row[ATTEMPTS_AT], args)
         running = _Running(lease, task, context, runner)
         self._running[job_id] = running
         kwargs = {**args, "context": context} if task.wants_context else args
