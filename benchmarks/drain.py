@@ -154,6 +154,7 @@ def dibs_drain(url: str, setting: dict[str, Any], owner: str, start: Any) -> tup
         poll=setting["poll"],
         handle_signals=False,
         name=owner,
+        tune_gc=True,  # as `dibs worker` runs it: the process runs the worker and nothing else
     )
     start.wait()
     stats = worker.run()
@@ -478,7 +479,11 @@ def latency_worker(url: str, total: int, setting: dict[str, Any], start: Any) ->
             asyncio.get_running_loop().call_later(0.5, worker.stop)
 
     worker = app.worker(
-        concurrency=setting["concurrency"], batch=setting["batch"], poll=setting["poll"], handle_signals=False
+        concurrency=setting["concurrency"],
+        batch=setting["batch"],
+        poll=setting["poll"],
+        handle_signals=False,
+        tune_gc=True,
     )
     with app.engine.connect():
         pass

@@ -163,6 +163,8 @@ if click is not None:
                 retention=None if retention is None else timedelta(hours=retention),
                 metrics_port=metrics_port,
                 burst=burst,
+                # This process runs the worker and nothing else.
+                tune_gc=True,
             )
         )
         stats = _run(runner.run)

@@ -372,3 +372,31 @@ def test_a_burst_worker_stops_when_only_jobs_of_tasks_it_does_not_run_are_left(q
 
     assert stats.succeeded == 3
     assert producer.get(waiting.id).status == "queued"
+
+
+# -- the worker process's garbage collector ------------------------------------------------------------
+
+
+def test_a_worker_told_to_tune_the_gc_runs_jobs_with_it_tuned_and_puts_it_back(qdb: QueueDatabase) -> None:
+    import gc
+
+    from dibs.queue.worker import TUNED_GC_THRESHOLD
+
+    app = qdb.app()
+    seen: list[tuple[int, int]] = []
+
+    @app.task(name="gc.look")
+    def look() -> None:
+        seen.append((gc.get_threshold()[0], gc.get_freeze_count()))
+
+    before = (gc.get_threshold(), gc.get_freeze_count())
+    app.enqueue(look)
+    assert qdb.drain(app, tune_gc=True).succeeded == 1
+    ((threshold, frozen),) = seen
+    assert threshold == TUNED_GC_THRESHOLD
+    assert frozen > 0  # what existed at start is out of the collector's sight
+    assert (gc.get_threshold(), gc.get_freeze_count()) == before
+
+    app.enqueue(look)
+    assert qdb.drain(app).succeeded == 1  # not asked: left as it is
+    assert seen[1] == (before[0][0], before[1])
