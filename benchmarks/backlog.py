@@ -65,7 +65,16 @@ from sqlalchemy import event
 
 import dibs
 from benchmarks import record
-from benchmarks.drain import MARIADB_URL, PG_CLAIM, PG_COMPLETE, POSTGRES_URL, SQLITE_CLAIM, drain_app
+from benchmarks.drain import (
+    MARIADB_URL,
+    PG_CLAIM,
+    PG_COMPLETE,
+    POSTGRES_URL,
+    SQLITE_CLAIM,
+    SQLITE_COMPLETE,
+    drain_app,
+    held_tokens,
+)
 from dibs.queue.store import JobStore
 from dibs.schema import jobs
 
@@ -371,19 +380,12 @@ class RawQueue:
     def complete(self, held: list[tuple[int, int]]) -> int:
         """The batched, token-fenced completion; returns how many jobs it finished."""
         ids = [job_id for job_id, _ in held]
+        tokens = held_tokens(ids, [token for _, token in held])
         if self.backend == "postgresql":
-            tokens = [token for _, token in held]
             return len(self.conn.execute(PG_COMPLETE, {"ids": ids, "tokens": tokens}).fetchall())
         if self.backend == "sqlite":
-            marks = ", ".join("?" for _ in held)
-            pairs = ", ".join("(?, ?)" for _ in held)
             self.conn.execute("BEGIN IMMEDIATE")
-            finished = self.conn.execute(
-                "UPDATE dibs_jobs SET status = 'succeeded', lease_expires_at = NULL, dedupe_key = NULL, "
-                f"finished_at = ? WHERE id IN ({marks}) AND (id, lease_token) IN (VALUES {pairs}) "
-                "AND status = 'running' RETURNING id",
-                [sqlite_now(), *ids, *(value for pair in held for value in pair)],
-            ).fetchall()
+            finished = self.conn.execute(SQLITE_COMPLETE, (sqlite_now(), tokens)).fetchall()
             self.conn.execute("COMMIT")
             return len(finished)
         marks = ", ".join(["%s"] * len(held))

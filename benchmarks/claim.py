@@ -124,13 +124,25 @@ UPDATE {TABLE} AS t SET status = 'running', lease_owner = %(owner)s,
 WHERE t.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING t.*
 """
+# The held tokens as one JSON object from id to token, read per row by key (as dibs does).
 PG_COMPLETE = f"""
 UPDATE {TABLE} SET status = 'done', lease_expires_at = NULL
 WHERE id = ANY(%(ids)s::bigint[])
-    AND lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], id)]
+    AND lease_token = ((SELECT %(tokens)s::jsonb) ->> id::text)::bigint
     AND status = 'running'
 RETURNING id, lease_token
 """
+SQLITE_COMPLETE = f"""
+UPDATE {TABLE} SET status = 'done', lease_expires_at = NULL
+FROM json_each(?) AS held
+WHERE {TABLE}.id = CAST(held.key AS INTEGER) AND {TABLE}.lease_token = held.value AND {TABLE}.status = 'running'
+RETURNING id
+"""
+
+
+def held_tokens(ids: list[int], tokens: list[int]) -> str:
+    """The tokens of a fenced completion: a JSON object from each id to its token."""
+    return json.dumps(dict(zip(ids, tokens, strict=True)))
 
 
 def raw_postgresql_worker(url: str, batch: int, owner: str) -> int:
@@ -147,7 +159,7 @@ def raw_postgresql_worker(url: str, batch: int, owner: str) -> int:
             if not rows:
                 return done
             ids = [row[0] for row in rows]
-            tokens = [row[5] for row in rows]
+            tokens = held_tokens(ids, [row[5] for row in rows])
             conn.execute(PG_COMPLETE, {"ids": ids, "tokens": tokens}).fetchall()
             done += len(rows)
 
@@ -177,15 +189,9 @@ def raw_sqlite_worker(url: str, batch: int, owner: str) -> int:
         if not rows:
             conn.close()
             return done
-        marks = ", ".join("?" for _ in rows)
-        pairs = ", ".join("(?, ?)" for _ in rows)
-        flat = [value for row in rows for value in (row[0], row[5])]
+        tokens = held_tokens([row[0] for row in rows], [row[5] for row in rows])
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute(
-            f"UPDATE {TABLE} SET status = 'done', lease_expires_at = NULL "
-            f"WHERE id IN ({marks}) AND (id, lease_token) IN (VALUES {pairs}) AND status = 'running' RETURNING id",
-            [row[0] for row in rows] + flat,
-        ).fetchall()
+        conn.execute(SQLITE_COMPLETE, (tokens,)).fetchall()
         conn.execute("COMMIT")
         done += len(rows)
 

@@ -177,14 +177,26 @@ UPDATE dibs_jobs AS j SET status = 'running', lease_owner = %(owner)s,
 WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING j.*
 """
+# The held tokens as one JSON object from id to token, read per row by key (as dibs does).
 PG_COMPLETE = """
 UPDATE dibs_jobs SET status = 'succeeded', lease_expires_at = NULL, dedupe_key = NULL,
     finished_at = statement_timestamp()
 WHERE id = ANY(%(ids)s::bigint[])
-    AND lease_token = (%(tokens)s::bigint[])[array_position(%(ids)s::bigint[], id)]
+    AND lease_token = ((SELECT %(tokens)s::jsonb) ->> id::text)::bigint
     AND status = 'running'
 RETURNING id
 """
+SQLITE_COMPLETE = """
+UPDATE dibs_jobs SET status = 'succeeded', lease_expires_at = NULL, dedupe_key = NULL, finished_at = ?
+FROM json_each(?) AS held
+WHERE dibs_jobs.id = CAST(held.key AS INTEGER) AND dibs_jobs.lease_token = held.value AND dibs_jobs.status = 'running'
+RETURNING id
+"""
+
+
+def held_tokens(ids: list[int], tokens: list[int]) -> str:
+    """The tokens of a fenced completion: a JSON object from each id to its token."""
+    return json.dumps(dict(zip(ids, tokens, strict=True)))
 
 
 def raw_postgresql(url: str, batch: int, owner: str, start: Any) -> int:
@@ -199,7 +211,8 @@ def raw_postgresql(url: str, batch: int, owner: str, start: Any) -> int:
                 return done
             token = [column.name for column in cursor.description or ()].index("lease_token")
             ids = [row[0] for row in rows]
-            finished = conn.execute(PG_COMPLETE, {"ids": ids, "tokens": [row[token] for row in rows]}).fetchall()
+            tokens = held_tokens(ids, [row[token] for row in rows])
+            finished = conn.execute(PG_COMPLETE, {"ids": ids, "tokens": tokens}).fetchall()
             done += len(finished)
 
 
@@ -236,14 +249,9 @@ def raw_sqlite(url: str, batch: int, owner: str, start: Any) -> int:
             return done
         if token is None:
             token = [column[0] for column in cursor.description].index("lease_token")
-        marks = ", ".join("?" for _ in rows)
-        pairs = ", ".join("(?, ?)" for _ in rows)
+        tokens = held_tokens([row[0] for row in rows], [row[token] for row in rows])
         conn.execute("BEGIN IMMEDIATE")
-        finished = conn.execute(
-            "UPDATE dibs_jobs SET status = 'succeeded', lease_expires_at = NULL, dedupe_key = NULL, finished_at = ? "
-            f"WHERE id IN ({marks}) AND (id, lease_token) IN (VALUES {pairs}) AND status = 'running' RETURNING id",
-            [_sqlite_now()] + [row[0] for row in rows] + [value for row in rows for value in (row[0], row[token])],
-        ).fetchall()
+        finished = conn.execute(SQLITE_COMPLETE, (_sqlite_now(), tokens)).fetchall()
         conn.execute("COMMIT")
         done += len(finished)
 
