@@ -90,7 +90,6 @@ def tuned_gc() -> Iterator[None]:
     # A process that froze objects of its own manages its collector itself: what it froze stays frozen.
     freeze = gc.get_freeze_count() == 0
     if freeze:
-        gc.collect()
         gc.freeze()
     gc.set_threshold(TUNED_GC_THRESHOLD, *thresholds[1:])
     try:
@@ -208,6 +207,8 @@ class Worker:
         self._work: asyncio.Event | None = None  # set when the buffer gets jobs, or at shutdown
         self._closing = False
         self._held: dict[tuple[Any, ...], Lease] = {}  # claimed and not yet finished
+        #: Successes being written: a burst worker holding none has not finished until they are written.
+        self._writing = 0
         self._running: dict[int, _Running] = {}
         self._done: list[Lease] = []
         self._flushing = True
@@ -353,7 +354,7 @@ class Worker:
                 self._work.set()
                 idle_wait = 0.01
                 continue
-            if self.burst and not self._held and await self._quietly(self._nothing_left, False):
+            if self.burst and not self._held and not self._writing and await self._quietly(self._nothing_left, False):
                 break
             # Idle: wait for a notification, a finished job, or the next poll, backing off.
             await self._sleep(idle_wait)
@@ -387,7 +388,8 @@ class Worker:
             self._wake.set()
 
     def _listen(self) -> Listener | None:
-        if not self.app.notify:
+        # A burst worker stops once nothing is left: it has nothing to wait for.
+        if not self.app.notify or self.burst:
             return None
         loop = self._loop
         assert loop is not None
@@ -586,8 +588,12 @@ class Worker:
         done, self._done = self._done, []
         for lease in done:
             self._held.pop(lease.key, None)
+        self._writing += 1
         try:
-            lost = await self._call(self._store.succeed, self.app.engine, done)
+            try:
+                lost = await self._call(self._store.succeed, self.app.engine, done)
+            finally:
+                self._writing -= 1
         except Exception as error:
             # Kept (and renewed) until a later flush records them.
             if not self._report(error):
