@@ -181,6 +181,15 @@ def _column_ordering_key(table: sa.Table, order: Sequence[sa.ColumnElement[Any]]
     return tuple(key)
 
 
+def _simple_order(order_by: Ordering) -> tuple[Any, ...] | None:
+    """``order_by`` as a hashable key when it is made of column names and Column objects only (a table has
+    a bounded number of them), else None."""
+    items = (order_by,) if isinstance(order_by, (str, sa.Column)) else order_by
+    if not isinstance(items, (tuple, list)) or not all(isinstance(item, (str, sa.Column)) for item in items):
+        return None
+    return tuple(item if isinstance(item, str) else id(item) for item in items)
+
+
 class Leases:
     """Fenced leases over a table that has the columns :func:`lease_columns` makes (names configurable).
 
@@ -220,6 +229,8 @@ class Leases:
         self.key_columns = tuple(self.table.primary_key.columns)
         self._whole_rows = _LeaseFields.of(tuple(self.table.columns), self)
         self._claim_templates: dict[tuple[Any, ...], ClaimRequest] = {}
+        #: The same templates by the order_by a caller passed, where that is column names and Columns.
+        self._templates_by_argument: dict[tuple[Any, ...], ClaimRequest] = {}
         self._write_templates: OrderedDict[tuple[Any, ...], _WriteStatements] = OrderedDict()
 
     # -- claim -------------------------------------------------------------------------------------
@@ -286,7 +297,7 @@ class Leases:
             template = self._claim_template(backend, order_by)
         else:
             template = self._build_claim(backend, order_by, where, extra, shape=None)
-        return dataclasses.replace(template, limit=count, parameters=parameters, then=then)
+        return template.for_call(count, parameters, then)
 
     def claimer(
         self,
@@ -305,6 +316,14 @@ class Leases:
         return Claimer(self, where, order_by, set, columns)
 
     def _claim_template(self, backend: Backend, order_by: Ordering) -> ClaimRequest:
+        # A claim loop passes the same order every call: a column or a name (or several) finds its template
+        # without working out the order again. Other orders (expressions, made anew by each call) are not
+        # kept by what the caller passed, which would keep every one of them.
+        simple = _simple_order(order_by)
+        if simple is not None:
+            template = self._templates_by_argument.get((backend.name, simple))
+            if template is not None:
+                return template
         order = ordering(self.table, order_by)
         order_key = _column_ordering_key(self.table, order)
         if order_key is None:
@@ -313,6 +332,8 @@ class Leases:
         template = self._claim_templates.get(key)
         if template is None:
             template = self._claim_templates[key] = self._build_claim(backend, order, None, None, shape=object())
+        if simple is not None:
+            self._templates_by_argument[backend.name, simple] = template
         return template
 
     def _build_claim(
@@ -761,4 +782,4 @@ class Claimer:
                 columns=self._columns,
             )
         values = {_OWNER: owner, _LEASE_SECONDS: backend.after_value(_seconds(duration)), **(parameters or {})}
-        return dataclasses.replace(template, limit=whole_number(limit), parameters=values)
+        return template.for_call(whole_number(limit), values)

@@ -195,3 +195,16 @@ def test_lease_claims_take_any_order_form_and_keep_it(engine: sa.Engine) -> None
     assert prios(table.c.prio.desc()) == [2, 1, 1]  # a fresh expression each call
     # One template per distinct column ordering, however the order is written and however often it is built.
     assert len(leases._claim_templates) == 2
+    # Found again by the argument itself where that is names and columns (a list once, not a generator's
+    # or an expression's, which are made anew by each call).
+    with engine.begin() as conn:
+        conn.execute(sa.update(table).values(status="ready"))
+    assert prios(["prio", "id"]) == [0, 0, 0]
+    assert prios(table.c.prio) == [0, 1, 1]
+    assert prios((table.c.prio, "id")) == [1, 1, 2]
+    assert len(leases._claim_templates) == 3  # ordered by prio alone is another
+    assert len(leases._templates_by_argument) == 3
+    assert (
+        leases._templates_by_argument["sqlite", ("prio", "id")]
+        is leases._claim_templates["sqlite", (("prio",), ("id",))]
+    )

@@ -57,19 +57,29 @@ class ClaimRequest:
     #: The columns the claimed rows come back with, the key among them; empty for all of the table's.
     columns: tuple[sa.Column[Any], ...] = ()
 
-    @property
-    def key_columns(self) -> tuple[sa.Column[Any], ...]:
-        return tuple(self.table.primary_key.columns)
+    #: Worked out from the fields when the request is made; copies made by for_call() share them.
+    #: The table's key columns.
+    key_columns: tuple[sa.Column[Any], ...] = field(init=False, repr=False, compare=False)
+    #: The columns of each claimed row, in order.
+    returned: tuple[sa.Column[Any], ...] = field(init=False, repr=False, compare=False)
+    #: Where the key's columns stand in a claimed row.
+    key_positions: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
-    @property
-    def returned(self) -> tuple[sa.Column[Any], ...]:
-        """The columns of each claimed row, in order."""
-        return self.columns or tuple(self.table.columns)
+    def __post_init__(self) -> None:
+        derived = self.__dict__  # a frozen dataclass is set up through its __dict__
+        derived["key_columns"] = key_columns = tuple(self.table.primary_key.columns)
+        derived["returned"] = returned = self.columns or tuple(self.table.columns)
+        derived["key_positions"] = positions_of(returned, key_columns)
 
-    @property
-    def key_positions(self) -> tuple[int, ...]:
-        """Where the key's columns stand in a claimed row."""
-        return positions_of(self.returned, self.key_columns)
+    def for_call(self, limit: int, parameters: Mapping[str, Any], then: Then | None = None) -> ClaimRequest:
+        """This request (a template of its shape) with one call's limit, parameters and ``then``:
+        ``dataclasses.replace`` without its keyword handling, a fifth of its time, for a claim loop that
+        makes one per call."""
+        copied: ClaimRequest = object.__new__(ClaimRequest)
+        values = copied.__dict__
+        values.update(self.__dict__)
+        values["limit"], values["parameters"], values["then"] = limit, parameters, then
+        return copied
 
     def candidates(self, *columns: ColumnElement[Any]) -> sa.Select[Any]:
         """SELECT the given columns of the eligible rows, in claim order, at most ``limit`` of them."""
