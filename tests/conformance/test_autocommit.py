@@ -106,3 +106,21 @@ def test_a_failed_statement_leaves_no_connection_in_autocommit(engine: sa.Engine
         conn.commit()
     with engine.connect() as conn:
         assert not _driver(conn).autocommit
+
+
+def test_a_claim_loop_on_an_autocommit_connection_leaves_it_in_autocommit(engine: sa.Engine, table: sa.Table) -> None:
+    leases = dibs.Leases(table)
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        batches = []
+        while held := leases.claim(conn, owner="w", duration=30, limit=4, order_by="id"):
+            assert leases.complete_many(conn, held) == []
+            assert _driver(conn).autocommit
+            assert not _in_transaction(conn)
+            batches.append(held)
+        assert [[lease.key[0] for lease in held] for held in batches] == [[1, 2, 3, 4], [5, 6]]
+        # A second completion of the same leases changes nothing and says so.
+        assert leases.complete_many(conn, batches[0]) == batches[0]
+        assert _driver(conn).autocommit
+    with engine.connect() as conn:
+        assert not _driver(conn).autocommit
+        assert conn.scalar(sa.select(sa.func.count()).where(table.c.status == "done")) == 6
