@@ -183,11 +183,12 @@ def _column_ordering_key(table: sa.Table, order: Sequence[sa.ColumnElement[Any]]
 
 def _simple_order(order_by: Ordering) -> tuple[Any, ...] | None:
     """``order_by`` as a hashable key when it is made of column names and Column objects only (a table has
-    a bounded number of them), else None."""
+    a bounded number of them), else None. The key holds the Columns themselves (hashed by identity), so
+    none of them can be collected and its id given to another while the key is kept."""
     items = (order_by,) if isinstance(order_by, (str, sa.Column)) else order_by
     if not isinstance(items, (tuple, list)) or not all(isinstance(item, (str, sa.Column)) for item in items):
         return None
-    return tuple(item if isinstance(item, str) else id(item) for item in items)
+    return tuple(items)
 
 
 class Leases:
@@ -491,6 +492,11 @@ class Leases:
         parameters: dict[str, Any],
         extra: Mapping[Any, Any] | None = None,
     ) -> list[Lease]:
+        if isinstance(leases, Lease):  # a lease is a tuple: iterating it would give its fields
+            raise InvalidArgument(
+                "the *_many() lease methods take a list of leases, got one Lease; pass [lease], or call the "
+                "method for one lease (complete, fail, release, renew)"
+            )
         if not leases:
             return []
         backend = backend_for(bind.dialect)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -51,3 +52,11 @@ def test_equal_values_of_different_types_are_converted_apart(single: bool) -> No
     fetched = [(1,), (True,), (1.0,)]
     rows = _converted_column(fetched, 0, repr) if single else _converted(fetched, [(0, repr)])
     assert [row[0] for row in rows] == ["1", "True", "1.0"]
+
+
+@pytest.mark.parametrize("single", [True, False], ids=["one column", "several columns"])
+def test_equal_raw_values_that_may_convert_differently_are_converted_apart(single: bool) -> None:
+    # 0.0 == -0.0 and Decimal("1.0") == Decimal("1.00"), yet their conversions differ.
+    fetched = [(0.0,), (-0.0,), (Decimal("1.0"),), (Decimal("1.00"),)]
+    rows = _converted_column(fetched, 0, str) if single else _converted(fetched, [(0, str)])
+    assert [row[0] for row in rows] == ["0.0", "-0.0", "1.0", "1.00"]

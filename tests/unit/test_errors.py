@@ -208,3 +208,19 @@ def test_lease_claims_take_any_order_form_and_keep_it(engine: sa.Engine) -> None
         leases._templates_by_argument["sqlite", ("prio", "id")]
         is leases._claim_templates["sqlite", (("prio",), ("id",))]
     )
+
+
+def test_a_single_lease_given_where_a_list_is_expected_is_refused(engine: sa.Engine) -> None:
+    table = sa.Table(
+        "single_lease", sa.MetaData(), sa.Column("id", sa.Integer, primary_key=True), *dibs.lease_columns()
+    )
+    table.create(engine)
+    with engine.begin() as conn:
+        conn.execute(sa.insert(table), [{"id": 1}])
+    leases = dibs.Leases(table)
+    (lease,) = leases.claim(engine, owner="w", duration=30)
+    with pytest.raises(dibs.InvalidArgument, match=r"take a list of leases, got one Lease; pass \[lease\]"):
+        leases.complete_many(engine, lease)  # type: ignore[arg-type]
+    with engine.connect() as conn:
+        assert conn.scalar(sa.select(table.c.status)) == "running"  # nothing written
+    leases.complete(engine, lease)

@@ -123,8 +123,16 @@ class DriverStatement:
 
 
 # Claimed rows often share a value (the lease's expiry, its owner): each column remembers its last
-# conversion, reused for an equal raw value (of the same type: 1 == True) when the result cannot be changed
-# in place.
+# conversion, reused for the next row's raw value if it is equal and of the same type (1 == True), when
+# the result cannot be changed in place. Only raw values whose equality means sameness are remembered:
+# 0.0 == -0.0, Decimal("1.0") == Decimal("1.00") and one instant in two time zones are equal, yet may
+# convert differently.
+_EXACT_RAW = frozenset({str, bytes, int, bool, type(None)})
+
+
+def _remembered(value: Any, done: Any) -> Any:
+    """``value`` if its conversion ``done`` may be reused for an equal raw value, else a marker no value is."""
+    return value if type(value) in _EXACT_RAW and isinstance(done, _IMMUTABLE) else _NOTHING
 
 
 def _converted(fetched: Sequence[Sequence[Any]], results: list[tuple[int, Callable[[Any], Any]]]) -> list[Any]:
@@ -140,8 +148,7 @@ def _converted(fetched: Sequence[Sequence[Any]], results: list[tuple[int, Callab
                 row[position] = done
                 continue
             row[position] = done = convert(value)
-            if isinstance(done, _IMMUTABLE):
-                last[index] = (value, done)
+            last[index] = (_remembered(value, done), done)
         converted.append(row)
     return converted
 
@@ -156,7 +163,7 @@ def _converted_column(fetched: Sequence[Sequence[Any]], position: int, convert: 
         value = row[position]
         if value is not seen and not (type(value) is type(seen) and value == seen):
             done = convert(value)
-            seen = value if isinstance(done, _IMMUTABLE) else _NOTHING
+            seen = _remembered(value, done)
         row[position] = done
         converted.append(row)
     return converted
