@@ -65,9 +65,9 @@ def main() -> None:
         ready = Path(options.ready)
 
         def announce() -> None:
-            # Once the worker's loop runs.
-            while worker._loop is None and not worker.stopping:
-                threading.Event().wait(0.02)
+            # Once the worker has started: its tables checked, about to claim.
+            while not worker.ready.wait(0.02) and not worker.stopping:
+                pass
             write_atomically(ready, str(os.getpid()))
 
         threading.Thread(target=announce, daemon=True).start()

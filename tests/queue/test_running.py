@@ -400,3 +400,27 @@ def test_a_worker_told_to_tune_the_gc_runs_jobs_with_it_tuned_and_puts_it_back(q
     app.enqueue(look)
     assert qdb.drain(app).succeeded == 1  # not asked: left as it is
     assert seen[1] == (before[0][0], before[1])
+
+
+def test_a_worker_is_ready_from_its_start_until_it_stops(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+    seen: list[bool] = []
+
+    @app.task(name="ready.look")
+    def look() -> None:
+        seen.append(worker.ready.is_set())
+
+    worker = app.worker(concurrency=1, poll=0.05, handle_signals=False)
+    assert not worker.ready.is_set()
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        assert worker.ready.wait(30)
+        app.enqueue(look)
+        wait_until(lambda: seen, timeout=30)
+    finally:
+        worker.stop()
+        runner.join(30)
+    assert seen == [True]
+    assert not runner.is_alive()
+    assert not worker.ready.is_set()

@@ -132,6 +132,9 @@ class Worker:
     than this. ``metrics_port``: serve Prometheus metrics on this port. ``tune_gc``: tune Python's
     garbage collector for a process that does little but run this worker (``dibs worker`` does): see
     :func:`tuned_gc`.
+
+    :attr:`ready` is set once the worker has started (its tables checked, its periodic schedules
+    recorded) and is about to claim, and cleared when it stops: a readiness check for whatever runs it.
     """
 
     def __init__(
@@ -195,6 +198,8 @@ class Worker:
         self.handle_signals = handle_signals
         self.tune_gc = tune_gc
         self.stats = WorkerStats()
+        #: Set from start-up until the worker stops (see the class's description).
+        self.ready = threading.Event()
         #: Sync jobs still running in their threads when the worker stopped (past the grace period).
         self.abandoned = 0
         self.metrics: Metrics | None = None
@@ -258,6 +263,7 @@ class Worker:
             self._threads.shutdown(wait=False)
             raise
         self._install_signals()
+        self.ready.set()
         listener = self._listen()
         runners = [asyncio.create_task(self._runner(), name=f"dibs-runner-{n}") for n in range(self.concurrency)]
         flusher = asyncio.create_task(self._flusher(), name="dibs-flusher")
@@ -286,6 +292,7 @@ class Worker:
                 self.metrics.close()
             self._db.shutdown(wait=True)
             self._threads.shutdown(wait=False, cancel_futures=True)
+        self.ready.clear()
         log.info("worker %s stopped: %s", self.name, self.stats)
         return self.stats
 
