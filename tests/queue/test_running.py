@@ -424,3 +424,60 @@ def test_a_worker_is_ready_from_its_start_until_it_stops(qdb: QueueDatabase) -> 
     assert seen == [True]
     assert not runner.is_alive()
     assert not worker.ready.is_set()
+
+
+# -- the end of a burst ----------------------------------------------------------------------------------
+
+
+def test_a_burst_worker_waits_for_a_job_running_elsewhere_and_ends_soon_after_it(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+    release = threading.Event()
+    started = threading.Event()
+
+    @app.task(name="slow.step")
+    def step() -> None:
+        started.set()
+        release.wait(30)
+
+    job = app.enqueue(step)
+    qdb.start(app)  # runs the job, until told to let it end
+    assert started.wait(30)
+    # A burst worker with a long poll: it stays while the job runs elsewhere (it may fail and be retried,
+    # or its worker crash), and it leaves soon after the job ends, not after a backoff grown towards its poll.
+    other = qdb.app()
+    other.task(name="slow.step")(step.function)
+    burst = qdb.start(other, burst=True, poll=5.0)
+    time.sleep(3.0)
+    assert burst.thread.is_alive(), "a burst worker left while a job of its queue was still running"
+    release.set()
+    ended = time.monotonic()
+    stats = burst.join(10.0)
+    waited = time.monotonic() - ended
+    assert app.get(job.id).status == "succeeded"
+    assert stats.claimed == 0
+    assert waited < 1.0, f"the burst worker took {waited:.2f} s to end after the last job did"
+
+
+def test_quick_jobs_are_claimed_in_full_batches(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+
+    @app.task(name="quick.step")
+    async def step() -> None:
+        return None
+
+    app.enqueue_many(step, [{}] * 60)
+    asked: list[int] = []
+    claim = app.store.claim
+
+    def recorded(*args: Any, **options: Any) -> list[dibs.Lease]:
+        asked.append(options["limit"])
+        return claim(*args, **options)
+
+    app.store.claim = recorded  # type: ignore[method-assign]
+    stats = qdb.drain(app, concurrency=2, batch=20)
+
+    assert stats.succeeded == 60
+    # A claim waits until fewer jobs wait in the worker than it runs at once, then takes (nearly) a batch:
+    # never the sliver of room left the moment a batch came back.
+    assert asked, "the worker never claimed"
+    assert min(asked) >= 20 - 2, asked

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
+from typing import NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -87,6 +88,15 @@ CLAIMED = (
 #: than the rest of a no-op job's bookkeeping).
 _CLAIMED_NAMES = [column.name for column in CLAIMED]
 ID_AT, TASK_AT, ARGS_AT, ATTEMPTS_AT = (_CLAIMED_NAMES.index(name) for name in ("id", "task", "args", "attempts"))
+
+
+class WorkLeft(NamedTuple):
+    """Which jobs of a worker's queues and tasks are left: queued, scheduled (a retry waiting for its
+    time), or running under a lease (in another worker, or in one that crashed, until it expires)."""
+
+    queued: bool
+    scheduled: bool
+    running: bool
 
 
 class JobStore:
@@ -186,10 +196,11 @@ class JobStore:
         with connected(conn) as reader:
             return set(reader.execute(query).scalars())
 
-    def work_left(self, conn: Engine | Connection, queues: Sequence[str], tasks: Sequence[str]) -> bool:
-        """Whether any job of these queues and tasks is queued, scheduled or running: three probes, each
-        answered from a partial index, however many finished jobs the table holds (a burst worker asks
-        this each time a claim comes back empty; counting every job per state read the whole table)."""
+    def work_left(self, conn: Engine | Connection, queues: Sequence[str], tasks: Sequence[str]) -> WorkLeft:
+        """Whether any job of these queues and tasks is queued, scheduled or running (with a lease): three
+        probes, each answered from a partial index, however many finished jobs the table holds (a burst
+        worker asks this each time a claim comes back empty; counting every job per state read the whole
+        table)."""
         in_queues = sa.and_(
             jobs.c.queue.in_(sa.bindparam("dibs_queues", expanding=True)),
             jobs.c.task.in_(sa.bindparam("dibs_tasks", expanding=True)),
@@ -206,7 +217,8 @@ class JobStore:
         ]
         parameters = {"dibs_queues": list(queues), "dibs_tasks": list(tasks)}
         with connected(conn) as connection:
-            return bool(connection.execute(sa.select(sa.or_(*probes)), parameters).scalar_one())
+            found = connection.execute(sa.select(*probes), parameters).one()
+        return WorkLeft(*(bool(value) for value in found))
 
     # -- upkeep ------------------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ import time
 import traceback
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -44,7 +44,7 @@ from dibs._signals import handle_stop_signals
 from dibs.dialects.base import Listener
 from dibs.lease import Lease
 from dibs.queue.job import JobContext
-from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, ID_AT, TASK_AT, error_text
+from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, ID_AT, TASK_AT, WorkLeft, error_text
 from dibs.queue.task import Task, checked_name
 from dibs.schema import CANCELLED, require_current, translated
 
@@ -74,6 +74,9 @@ class WorkerStats:
 #: is 700: a worker allocates a few objects per job (its row, its lease) that live until the job's batch
 #: is written, and collected every 700 they made each collection pass over the batches in hand.
 TUNED_GC_THRESHOLD = 10_000
+#: Seconds between looks of a burst worker that has nothing left to do but wait for jobs running in other
+#: workers to end (it stays until they have: a failed one is retried, a crashed worker's is recovered).
+BURST_END_POLL = 0.05
 
 
 @contextmanager
@@ -322,8 +325,10 @@ class Worker:
             # Jobs waiting to run or running; finished ones whose success is being written don't count, so
             # the next claim overlaps with that write.
             room = self.concurrency + self.batch - len(self._buffer) - len(self._running)
-            if room < min(self.batch, self.concurrency):
-                # Enough work in hand: wait until the runners take some of it.
+            if room < min(self.batch, self.concurrency) or len(self._buffer) >= self.concurrency:
+                # Enough work in hand: wait until the runners take some of it. A claim waits until fewer
+                # jobs wait than runners could start, so that it takes a full batch when jobs are quick
+                # (claiming again the moment a batch came back took a sliver of one, a statement for little).
                 await self._sleep(self.poll_seconds)
                 continue
             started = time.perf_counter()
@@ -361,28 +366,49 @@ class Worker:
                 self._work.set()
                 idle_wait = 0.01
                 continue
-            if self.burst and not self._held and not self._writing and await self._quietly(self._nothing_left, False):
-                break
+            if self.burst and not self._held and not self._writing:
+                left = await self._quietly(self._work_left)
+                if left is not None and not any(left):
+                    break
+                if left is not None and not left.queued and not left.scheduled:
+                    if await self._outlast_others():
+                        break
+                    continue
             # Idle: wait for a notification, a finished job, or the next poll, backing off.
             await self._sleep(idle_wait)
             idle_wait = min(idle_wait * 2, self.poll_seconds)
 
-    async def _quietly(self, check: Callable[[], Any], fallback: T) -> T:
-        """``check()``, or ``fallback`` when the database fails it (logged)."""
+    async def _quietly(self, check: Callable[[], Awaitable[T]]) -> T | None:
+        """``await check()``, or None when the database fails it (logged)."""
         try:
-            result: T = await check()
-            return result
+            return await check()
         except Exception as error:
             log.warning("could not check for remaining work: %s", error)
-            return fallback
+            return None
 
-    async def _nothing_left(self) -> bool:
-        """For burst mode: no job of ours is queued, scheduled (a retry waiting for its time) or running."""
-        promoted = await self._call(self._store.promote_due, self.app.engine)
-        if promoted:
-            return False
+    async def _work_left(self) -> WorkLeft:
+        """For burst mode: which jobs of ours are queued, scheduled (a retry waiting for its time) or
+        running; scheduled jobs whose time came are queued first."""
         left = await self._call(self._store.work_left, self.app.engine, self.queues, self.task_names)
-        return not left
+        if left.scheduled:
+            promoted: int = await self._call(self._store.promote_due, self.app.engine)
+            if promoted:
+                return left._replace(queued=True)
+        return left
+
+    async def _outlast_others(self) -> bool:
+        """For burst mode, when nothing is left but jobs running in other workers: wait until they have
+        ended (True: stop) or left work behind (False: claim it; a failure to retry, a crashed worker's
+        jobs recovered). Nothing tells when that happens, so it is looked for often, one probe at a time,
+        for a burst to end soon after its last job instead of after a backoff grown long."""
+        while not self.stopping:
+            await self._sleep(min(BURST_END_POLL, self.poll_seconds))
+            left = await self._quietly(self._work_left)
+            if left is None or left.queued or left.scheduled:
+                return False
+            if not left.running:
+                return True
+        return False
 
     async def _sleep(self, seconds: float) -> None:
         assert self._wake is not None
