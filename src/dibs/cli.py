@@ -137,6 +137,13 @@ if click is not None:
     @click.option("--grace", default=30.0, show_default=True, help="Seconds running jobs get to finish at shutdown.")
     @click.option("--retention", default=None, type=float, help="Purge finished jobs older than this many hours.")
     @click.option("--metrics-port", default=None, type=int, help="Serve Prometheus metrics on this port.")
+    @click.option(
+        "--connections",
+        default=None,
+        type=click.IntRange(1, 2),
+        help="Database connections: 2 lets a claim run while successes are written, 1 has them take turns "
+        "(spares a database short of CPU). Default: 2, 1 on SQLite.",
+    )
     @click.option("--burst", is_flag=True, help="Exit when no job is queued, scheduled or running.")
     def worker(
         app_spec: str,
@@ -148,6 +155,7 @@ if click is not None:
         grace: float,
         retention: float | None,
         metrics_port: int | None,
+        connections: int | None,
         burst: bool,
     ) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -162,6 +170,7 @@ if click is not None:
                 grace=grace,
                 retention=None if retention is None else timedelta(hours=retention),
                 metrics_port=metrics_port,
+                connections=connections,
                 burst=burst,
                 # This process runs the worker and nothing else.
                 tune_gc=True,

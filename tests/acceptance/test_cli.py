@@ -41,7 +41,7 @@ def test_init_enqueue_work_and_inspect(database: str, tmp_path: Path) -> None:
     assert "default" in status.stdout
     assert "│      3 │" in status.stdout.replace("┃", "│")  # three queued
 
-    worked = dibs(database, tmp_path, "worker", APP, "--burst", "--concurrency", "2")
+    worked = dibs(database, tmp_path, "worker", APP, "--burst", "--concurrency", "2", "--connections", "1")
     assert worked.returncode == 0, worked.stderr
     assert "2 succeeded" in worked.stdout
     assert "1 dead" in worked.stdout
@@ -70,6 +70,7 @@ def test_init_enqueue_work_and_inspect(database: str, tmp_path: Path) -> None:
         (["enqueue", APP, "greet", '{"name": "x"}', "--queue", "elsewhere"], "no task is on queue 'elsewhere'"),
         (["enqueue", "tests.acceptance.missing:app", "greet"], "cannot import 'tests.acceptance.missing'"),
         (["jobs", "cancel", "424242"], "there is no job 424242"),
+        (["worker", APP, "--burst", "--connections", "3"], "'--connections': 3 is not in the range 1<=x<=2"),
     ],
 )
 def test_bad_input_says_what_to_do_and_writes_nothing(

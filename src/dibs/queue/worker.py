@@ -1,7 +1,8 @@
 """The worker: claims jobs in batches, runs them, and writes their outcome, fenced by their lease.
 
-One asyncio loop runs everything. Database calls go to two threads of their own (so a claim never waits
-behind a completion), async task functions run on the loop, sync ones in a thread pool.
+One asyncio loop runs everything. Database calls go to threads of their own, one per connection (two by
+default, so that a claim need not wait behind a completion; one on SQLite), async task functions run on
+the loop, sync ones in a thread pool.
 
 * fetching: a batch is claimed into a local buffer whenever the buffer runs low; when nothing is
   runnable the worker waits for a PostgreSQL notification or polls, backing off while idle;
@@ -132,7 +133,11 @@ class Worker:
     the concurrency). ``lease``: seconds a claim is held before another worker may take the job over;
     renewed every ``heartbeat`` seconds. ``poll``: the longest wait between looks for work when idle.
     ``grace``: seconds running jobs get to finish at shutdown. ``retention``: purge finished jobs older
-    than this. ``metrics_port``: serve Prometheus metrics on this port. ``tune_gc``: tune Python's
+    than this. ``metrics_port``: serve Prometheus metrics on this port. ``connections``: the database
+    connections the worker holds, 1 or 2 (default: 2, and 1 on SQLite, which takes one writer at a time):
+    with 2 a claim runs while successes are written; with 1 they take turns, which costs a lone worker
+    some throughput and spares a database server that is short of CPU (many workers, few cores) the
+    cost of twice as many transactions at once. ``tune_gc``: tune Python's
     garbage collector for a process that does little but run this worker (``dibs worker`` does): see
     :func:`tuned_gc`.
 
@@ -158,6 +163,7 @@ class Worker:
         name: str | None = None,
         metrics_port: int | None = None,
         handle_signals: bool = True,
+        connections: int | None = None,
         tune_gc: bool = False,
     ) -> None:
         self.app = app
@@ -180,6 +186,11 @@ class Worker:
         for number, what in ((lease, "lease"), (poll, "poll"), (upkeep_every, "upkeep_every")):
             if isinstance(number, bool) or not isinstance(number, (int, float)) or number <= 0:
                 raise InvalidArgument(f"{what} must be a positive number of seconds, got {number!r}")
+        if connections is not None and (isinstance(connections, bool) or connections not in (1, 2)):
+            raise InvalidArgument(
+                f"connections must be 1 or 2, got {connections!r}: 2 lets a claim run while successes are "
+                "written, 1 has them take turns"
+            )
         if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
             raise InvalidArgument(f"grace must be a number of seconds >= 0, got {grace!r}")
         self.concurrency = concurrency
@@ -221,10 +232,14 @@ class Worker:
         self._done: list[Lease] = []
         self._flushing = True
         self._done_ready: asyncio.Event | None = None
-        # SQLite takes one writer at a time: two threads of one worker writing at once (a claim and a flush of
-        # successes) would make one of them wait in SQLite's busy handler, which sleeps a millisecond and
-        # more; in one thread they take turns at once. Its statements run without the GIL either way.
-        self._db = ThreadPoolExecutor(1 if app.engine.dialect.name == "sqlite" else 2, thread_name_prefix="dibs-db")
+        # One thread per connection. SQLite takes one writer at a time: two threads of one worker writing at
+        # once (a claim and a flush of successes) would make one of them wait in SQLite's busy handler, which
+        # sleeps a millisecond and more; in one thread they take turns at once. Its statements run without
+        # the GIL either way.
+        if connections is None:
+            connections = 1 if app.engine.dialect.name == "sqlite" else 2
+        self.connections = connections
+        self._db = ThreadPoolExecutor(connections, thread_name_prefix="dibs-db")
         self._schema_reported: float | None = None  # when the missing tables were last logged
         self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="dibs-task")
 
