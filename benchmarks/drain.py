@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import json
 import math
@@ -145,17 +146,21 @@ def verify(backend: str, url: str, jobs: int, kind: str) -> float:
 
 def dibs_drain(url: str, setting: dict[str, Any], owner: str, start: Any) -> tuple[int, float, dict[str, Any]]:
     app = drain_app(url)
-    with app.engine.connect():
-        pass  # the pool's first connection is made before the clock starts, as for every kind
     worker = app.worker(
         burst=True,
         concurrency=setting["concurrency"],
         batch=setting["batch"],
         poll=setting["poll"],
+        connections=setting.get("connections"),
         handle_signals=False,
         name=owner,
         tune_gc=True,  # as `dibs worker` runs it: the process runs the worker and nothing else
     )
+    with contextlib.ExitStack() as opened:
+        for _ in range(worker.connections):
+            opened.enter_context(app.engine.connect())
+    # The pool's connections, one per database thread of the worker, are made before the clock starts, as
+    # every kind's are.
     start.wait()
     stats = worker.run()
     end = time.monotonic()
@@ -391,7 +396,8 @@ class Trial:
 
 def label(kind: str, setting: dict[str, Any]) -> str:
     if kind == "dibs":
-        return f"c{setting['concurrency']}/b{setting['batch']}"
+        connections = f"/k{setting['connections']}" if setting.get("connections") else ""
+        return f"c{setting['concurrency']}/b{setting['batch']}{connections}"
     if kind == "raw":
         return f"b{setting['batch']}"
     text: str = peer(kind).label(setting)
@@ -608,10 +614,16 @@ def latency(manager: Any, url: str, rate: float, seconds: float, setting: dict[s
 
 
 def parse_configs(text: str, poll: float) -> list[dict[str, Any]]:
+    """``concurrency x batch`` or ``concurrency x batch x connections``, comma-separated."""
     configs = []
     for item in text.split(","):
-        concurrency, batch = (int(part) for part in item.lower().split("x"))
-        configs.append({"concurrency": concurrency, "batch": batch, "poll": poll})
+        numbers = [int(part) for part in item.lower().split("x")]
+        if len(numbers) not in (2, 3):
+            raise SystemExit(f"--configs: {item!r} is not concurrency x batch [x connections], as in 200x1000x1")
+        config = {"concurrency": numbers[0], "batch": numbers[1], "poll": poll}
+        if len(numbers) == 3:
+            config["connections"] = numbers[2]
+        configs.append(config)
     return configs
 
 
@@ -627,7 +639,11 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--processes", default="1,2,4,8")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"of {', '.join(KINDS)}")
-    parser.add_argument("--configs", default="100x500,200x1000", help="dibs worker settings, concurrency x batch")
+    parser.add_argument(
+        "--configs",
+        default="100x500,200x1000,200x1000x1",
+        help="dibs worker settings, concurrency x batch [x connections] (default: the worker's)",
+    )
     parser.add_argument("--poll", type=float, default=2.0, help="dibs worker poll seconds (its default: 2)")
     for name in PEERS:
         parser.add_argument(f"--{name}", default=None, help=f"{name} settings (default: its module's SETTINGS)")
