@@ -481,3 +481,23 @@ def test_quick_jobs_are_claimed_in_full_batches(qdb: QueueDatabase) -> None:
     # left the moment a batch came back.
     assert asked, "the worker never claimed"
     assert min(asked) >= 20 // 2, asked
+
+
+def test_a_burst_worker_stops_when_only_jobs_of_tags_it_lacks_are_left(qdb: QueueDatabase) -> None:
+    producer = qdb.app()
+
+    @producer.task(name="video.encode", tag="gpu")
+    def encode() -> None:
+        return None
+
+    @producer.task(name="video.probe")
+    def probe() -> None:
+        return None
+
+    waiting = producer.enqueue(encode, {})
+    producer.enqueue_many(probe, [{}] * 2)
+
+    stats = qdb.drain(producer, timeout=10.0)  # a worker without the gpu tag
+
+    assert stats.succeeded == 2
+    assert producer.get(waiting.id).status == "queued"

@@ -196,14 +196,18 @@ class JobStore:
         with connected(conn) as reader:
             return set(reader.execute(query).scalars())
 
-    def work_left(self, conn: Engine | Connection, queues: Sequence[str], tasks: Sequence[str]) -> WorkLeft:
-        """Whether any job of these queues and tasks is queued, scheduled or running (with a lease): three
-        probes, each answered from a partial index, however many finished jobs the table holds (a burst
-        worker asks this each time a claim comes back empty; counting every job per state read the whole
-        table)."""
+    def work_left(
+        self, conn: Engine | Connection, queues: Sequence[str], tasks: Sequence[str], tags: Sequence[str] = ()
+    ) -> WorkLeft:
+        """Whether any job of these queues and tasks, untagged or of these tags, is queued, scheduled or
+        running (with a lease): three probes, each answered from a partial index, however many finished
+        jobs the table holds (a burst worker asks this each time a claim comes back empty; counting every
+        job per state read the whole table)."""
+        tagged = jobs.c.tag.in_(sa.bindparam("dibs_tags", expanding=True)) if tags else sa.false()
         in_queues = sa.and_(
             jobs.c.queue.in_(sa.bindparam("dibs_queues", expanding=True)),
             jobs.c.task.in_(sa.bindparam("dibs_tasks", expanding=True)),
+            sa.or_(jobs.c.tag.is_(None), tagged),
         )
 
         def state(name: str) -> sa.ColumnElement[bool]:
@@ -216,6 +220,8 @@ class JobStore:
             sa.exists(sa.select(jobs.c.id).where(state(RUNNING), jobs.c.lease_expires_at.is_not(None), in_queues)),
         ]
         parameters = {"dibs_queues": list(queues), "dibs_tasks": list(tasks)}
+        if tags:
+            parameters["dibs_tags"] = list(tags)
         with connected(conn) as connection:
             found = connection.execute(sa.select(*probes), parameters).one()
         return WorkLeft(*(bool(value) for value in found))

@@ -405,9 +405,10 @@ class Worker:
             return None
 
     async def _work_left(self) -> WorkLeft:
-        """For burst mode: which jobs of ours are queued, scheduled (a retry waiting for its time) or
-        running; scheduled jobs whose time came are queued first."""
-        left = await self._call(self._store.work_left, self.app.engine, self.queues, self.task_names)
+        """For burst mode: which jobs of ours (of our queues and tasks, untagged or of our tags) are queued,
+        scheduled (a retry waiting for its time) or running; scheduled jobs whose time came are queued
+        first."""
+        left = await self._call(self._store.work_left, self.app.engine, self.queues, self.task_names, self.tags)
         if left.scheduled:
             promoted: int = await self._call(self._store.promote_due, self.app.engine)
             if promoted:
