@@ -323,13 +323,16 @@ def _apply_missing(bind: Engine | Connection, migrations: tuple[Migration, ...],
             applied.append(migration)
 
 
-def missing_tables(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[str]:
-    """The tables of applied migrations that the database no longer has (dropped after `dibs init`)."""
-    with connected(bind) as conn:
-        present = set(sa.inspect(conn).get_table_names())
-        if SCHEMA not in present:
-            return []
-        done = current_version(conn)
+def _tables_and_version(conn: Connection) -> tuple[set[str], int]:
+    """The database's table names and its newest applied migration (0 for none), in two queries."""
+    present = set(sa.inspect(conn).get_table_names())
+    if SCHEMA not in present:
+        return present, 0
+    newest = conn.execute(sa.select(sa.func.coalesce(sa.func.max(schema_versions.c.version), 0))).scalar_one()
+    return present, int(newest)
+
+
+def _gone(present: set[str], done: int, migrations: tuple[Migration, ...]) -> list[str]:
     return [
         step.creates
         for step in sorted(migrations, key=lambda step: step.version)
@@ -337,16 +340,25 @@ def missing_tables(bind: Engine | Connection, migrations: tuple[Migration, ...] 
     ]
 
 
+def missing_tables(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[str]:
+    """The tables of applied migrations that the database no longer has (dropped after `dibs init`)."""
+    with connected(bind) as conn:
+        present, done = _tables_and_version(conn)
+    return _gone(present, done, migrations)
+
+
 def schema_problem(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> SchemaMissing | None:
-    """What is wrong with the dibs tables, saying what to run; None when they are all there and current."""
-    have = current_version(bind)
+    """What is wrong with the dibs tables, saying what to run; None when they are all there and current.
+    Two queries on one connection: every worker asks as it starts."""
+    with connected(bind) as conn:
+        present, have = _tables_and_version(conn)
     want = max(step.version for step in migrations)
     if have < want:
         what = "has no dibs tables" if have == 0 else f"has dibs schema version {have}, this dibs needs {want}"
         return SchemaMissing(
             f"the database {what}; run `dibs init --db URL` (or dibs.migrate(engine)) to create or upgrade them"
         )
-    gone = missing_tables(bind, migrations)
+    gone = _gone(present, have, migrations)
     if gone:
         return SchemaMissing(
             f"the database lacks the dibs table{'s' if len(gone) > 1 else ''} {', '.join(gone)} (dropped after "
