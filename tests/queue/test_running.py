@@ -455,7 +455,8 @@ def test_a_burst_worker_waits_for_a_job_running_elsewhere_and_ends_soon_after_it
     waited = time.monotonic() - ended
     assert app.get(job.id).status == "succeeded"
     assert stats.claimed == 0
-    assert waited < 1.0, f"the burst worker took {waited:.2f} s to end after the last job did"
+    # Its looks back off from 50 ms to 0.4 s (with a poll of 5 s it used to back off towards 5 s).
+    assert waited < 1.2, f"the burst worker took {waited:.2f} s to end after the last job did"
 
 
 def test_quick_jobs_are_claimed_in_full_batches(qdb: QueueDatabase) -> None:

@@ -22,11 +22,12 @@ BAD_SETTINGS = [
     ({"connections": 3}, "connections must be 1 or 2"),
     ({"connections": 0}, "connections must be 1 or 2"),
     ({"connections": True}, "connections must be 1 or 2"),
+    ({"connections": 1.0}, "connections must be 1 or 2"),
     ({"queues": ["mail"]}, "no task is on queue"),
 ]
 
 
-@pytest.mark.parametrize(("settings", "message"), BAD_SETTINGS, ids=[next(iter(s)) for s, _ in BAD_SETTINGS])
+@pytest.mark.parametrize(("settings", "message"), BAD_SETTINGS, ids=[repr(s) for s, _ in BAD_SETTINGS])
 def test_a_setting_out_of_range_is_refused_saying_what_fits(
     tmp_path: Path, settings: dict[str, Any], message: str
 ) -> None:

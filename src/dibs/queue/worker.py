@@ -76,8 +76,11 @@ class WorkerStats:
 #: is written, and collected every 700 they made each collection pass over the batches in hand.
 TUNED_GC_THRESHOLD = 10_000
 #: Seconds between looks of a burst worker that has nothing left to do but wait for jobs running in other
-#: workers to end (it stays until they have: a failed one is retried, a crashed worker's is recovered).
+#: workers to end (it stays until they have: a failed one is retried, a crashed worker's is recovered):
+#: the first wait, doubled at each look up to the second (or the worker's poll, if shorter), so that many
+#: burst workers behind one long job do not probe the database twenty times a second each.
 BURST_END_POLL = 0.05
+BURST_END_POLL_MOST = 0.4
 
 
 @contextmanager
@@ -134,7 +137,8 @@ class Worker:
     renewed every ``heartbeat`` seconds. ``poll``: the longest wait between looks for work when idle.
     ``grace``: seconds running jobs get to finish at shutdown. ``retention``: purge finished jobs older
     than this. ``metrics_port``: serve Prometheus metrics on this port. ``connections``: the database
-    connections the worker holds, 1 or 2 (default: 2, and 1 on SQLite, which takes one writer at a time):
+    connections the worker holds for its statements, 1 or 2, besides the one a PostgreSQL worker listens
+    on for notifications (default: 2, and 1 on SQLite, which takes one writer at a time):
     with 2 a claim runs while successes are written; with 1 they take turns, which costs a lone worker
     some throughput and spares a database server that is short of CPU (many workers, few cores) the
     cost of twice as many transactions at once. ``tune_gc``: tune Python's
@@ -186,7 +190,7 @@ class Worker:
         for number, what in ((lease, "lease"), (poll, "poll"), (upkeep_every, "upkeep_every")):
             if isinstance(number, bool) or not isinstance(number, (int, float)) or number <= 0:
                 raise InvalidArgument(f"{what} must be a positive number of seconds, got {number!r}")
-        if connections is not None and (isinstance(connections, bool) or connections not in (1, 2)):
+        if connections is not None and (type(connections) is not int or connections not in (1, 2)):
             raise InvalidArgument(
                 f"connections must be 1 or 2, got {connections!r}: 2 lets a claim run while successes are "
                 "written, 1 has them take turns"
@@ -337,18 +341,14 @@ class Worker:
         assert self._work is not None
         idle_wait = 0.01
         while not self.stopping:
-            # Jobs waiting to run or running; finished ones whose success is being written don't count, so
-            # the next claim overlaps with that write.
-            room = self.concurrency + self.batch - len(self._buffer) - len(self._running)
-            waiting = len(self._buffer)
-            if room < min(self.batch, self.concurrency) or (waiting >= self.concurrency and room < self.batch // 2):
-                # Enough work in hand: wait until the runners take some of it. With a round of runners'
-                # worth of jobs waiting, a claim waits until half a batch fits: claiming the moment a batch
-                # came back took the sliver of room left (200 of 1,000), a statement for little; waiting
-                # until the buffer ran low left the runners idle while the claim ran, and a worker offered
-                # 8,000 jobs/s fell behind.
+            # Cleared before the state is looked at (not when a wait begins): a notification or a finished
+            # job that comes while a claim runs still cuts the wait after it short.
+            self._wake.clear()
+            if not self._claim_due():
+                # Enough work in hand: wait until the runners take some of it.
                 await self._sleep(self.poll_seconds)
                 continue
+            room = self.concurrency + self.batch - len(self._buffer) - len(self._running)
             started = time.perf_counter()
             try:
                 claimed = await self._call(
@@ -396,6 +396,19 @@ class Worker:
             await self._sleep(idle_wait)
             idle_wait = min(idle_wait * 2, self.poll_seconds)
 
+    def _claim_due(self) -> bool:
+        """Whether the worker has room for a claim worth its statement. Jobs waiting to run or running
+        count; finished ones whose success is being written don't, so the next claim overlaps with that
+        write. With a round of runners' worth of jobs waiting, a claim waits until half a batch fits:
+        claiming the moment a batch came back took the sliver of room left (200 of 1,000), a statement
+        for little; waiting until the buffer ran low left the runners idle while the claim ran, and a
+        worker offered 8,000 jobs/s fell behind."""
+        waiting = len(self._buffer)
+        room = self.concurrency + self.batch - waiting - len(self._running)
+        if room < min(self.batch, self.concurrency):
+            return False
+        return waiting < self.concurrency or room >= self.batch // 2
+
     async def _quietly(self, check: Callable[[], Awaitable[T]]) -> T | None:
         """``await check()``, or None when the database fails it (logged)."""
         try:
@@ -420,8 +433,12 @@ class Worker:
         ended (True: stop) or left work behind (False: claim it; a failure to retry, a crashed worker's
         jobs recovered). Nothing tells when that happens, so it is looked for often, one probe at a time,
         for a burst to end soon after its last job instead of after a backoff grown long."""
+        wait = min(BURST_END_POLL, self.poll_seconds)
         while not self.stopping:
-            await self._sleep(min(BURST_END_POLL, self.poll_seconds))
+            assert self._wake is not None
+            self._wake.clear()
+            await self._sleep(wait)
+            wait = min(wait * 2, BURST_END_POLL_MOST, self.poll_seconds)
             left = await self._quietly(self._work_left)
             if left is None or left.queued or left.scheduled:
                 return False
@@ -430,8 +447,8 @@ class Worker:
         return False
 
     async def _sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, or until woken (since the wake-up was last cleared)."""
         assert self._wake is not None
-        self._wake.clear()
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._wake.wait(), seconds)
 
@@ -589,6 +606,10 @@ class Worker:
     async def _failed(self, running: _Running, error: BaseException, formatted: str) -> None:
         lease, task = running.lease, running.task
         self._held.pop(lease.key, None)
+        if self._claim_due():
+            # Room for a claim came from a job that ended without a success to write (whose flush would
+            # have woken the fetcher).
+            self._wake_up()
         reason = running.context.stop_reason
         if reason == "lease lost":
             self.stats.lost += 1
