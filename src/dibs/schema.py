@@ -356,13 +356,13 @@ def schema_problem(bind: Engine | Connection, migrations: tuple[Migration, ...] 
     if have < want:
         what = "has no dibs tables" if have == 0 else f"has dibs schema version {have}, this dibs needs {want}"
         return SchemaMissing(
-            f"the database {what}; run `dibs init --db URL` (or dibs.migrate(engine)) to create or upgrade them"
+            f"the database {what}; run `dibs --db URL init` (or dibs.migrate(engine)) to create or upgrade them"
         )
     gone = _gone(present, have, migrations)
     if gone:
         return SchemaMissing(
             f"the database lacks the dibs table{'s' if len(gone) > 1 else ''} {', '.join(gone)} (dropped after "
-            "`dibs init` created it); run `dibs init --db URL` (or dibs.migrate(engine)) to create it again"
+            "`dibs init` created it); run `dibs --db URL init` (or dibs.migrate(engine)) to create it again"
         )
     return None
 

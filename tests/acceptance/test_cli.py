@@ -89,13 +89,13 @@ def test_bad_input_says_what_to_do_and_writes_nothing(
 def test_worker_on_a_database_without_tables_says_to_run_init(database: str, tmp_path: Path) -> None:
     result = dibs(database, tmp_path, "worker", APP, "--burst")
     assert result.returncode == 1
-    assert "run `dibs init" in result.stderr
+    assert "run `dibs --db URL init" in result.stderr
 
 
 def test_commands_on_a_database_without_tables_or_out_of_reach_say_so(tmp_path: Path) -> None:
     empty = dibs("sqlite:///" + str(tmp_path / "empty.sqlite"), tmp_path, "status")
     assert empty.returncode == 1
-    assert "has no dibs tables; run `dibs init" in empty.stderr
+    assert "has no dibs tables; run `dibs --db URL init" in empty.stderr
     away = dibs("postgresql+psycopg://nobody@127.0.0.1:1/nowhere", tmp_path, "jobs", "list")
     assert away.returncode == 1
     assert "the database refused or could not be reached" in away.stderr

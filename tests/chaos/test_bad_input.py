@@ -430,14 +430,14 @@ def test_missing_or_dropped_jobs_table_says_run_dibs_init_and_init_brings_it_bac
         def noop() -> None: ...
 
         # Never created.
-        with pytest.raises(dibs.SchemaMissing, match=r"has no dibs tables; run `dibs init"):
+        with pytest.raises(dibs.SchemaMissing, match=r"has no dibs tables; run `dibs --db URL init"):
             noop.enqueue({})
         app.init()
         kept = noop.enqueue({}).id
         drop_jobs_table(database.engine)
         # Dropped after `dibs init`: everything says so, nothing is written.
         for attempt in (lambda: noop.enqueue({}), app.status, lambda: app.jobs(), lambda: database.worker(app).run()):
-            with pytest.raises(dibs.SchemaMissing, match=r"lacks the dibs table dibs_jobs.*run `dibs init"):
+            with pytest.raises(dibs.SchemaMissing, match=r"lacks the dibs table dibs_jobs.*run `dibs --db URL init"):
                 attempt()
         commands = [
             ["status"],
@@ -446,7 +446,7 @@ def test_missing_or_dropped_jobs_table_says_run_dibs_init_and_init_brings_it_bac
             ["enqueue", APP, "greet", '{"name": "x"}'],
         ]
         for process in [cli(empty_url, tmp_path, *command) for command in commands]:
-            assert_one_line_error(finish(process), "dibs_jobs", "run `dibs init")
+            assert_one_line_error(finish(process), "dibs_jobs", "run `dibs --db URL init")
         assert "dibs_jobs" not in table_names(database.engine)
 
         code, out, err = run_cli(empty_url, tmp_path, "init")
@@ -481,7 +481,7 @@ def test_a_worker_whose_jobs_table_is_dropped_says_so_without_spinning_and_resum
     wall, cpu = time.monotonic() - wall, time.process_time() - cpu
     assert cpu < 0.5 * wall, f"the worker burnt {cpu:.2f} s of CPU in {wall:.2f} s while the table was gone"
     assert running.thread.is_alive()
-    told = [record.getMessage() for record in caplog.records if "run `dibs init" in record.getMessage()]
+    told = [record.getMessage() for record in caplog.records if "run `dibs --db URL init" in record.getMessage()]
     assert told, [record.getMessage() for record in caplog.records]
     assert all("lacks the dibs table dibs_jobs" in message for message in told), told
     # Said at each try, but the tries back off to the poll interval: no flood.

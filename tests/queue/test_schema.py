@@ -112,7 +112,7 @@ def test_a_worker_on_a_database_without_the_tables_says_to_run_dibs_init(empty_d
     def do() -> None: ...
 
     before = {thread for thread in threading.enumerate() if thread.name.startswith("dibs-")}
-    with pytest.raises(dibs.SchemaMissing, match=r"the database has no dibs tables; run `dibs init --db URL`"):
+    with pytest.raises(dibs.SchemaMissing, match=r"the database has no dibs tables; run `dibs --db URL init`"):
         empty_db.worker(app, burst=True).run()
     leftover = {thread for thread in threading.enumerate() if thread.name.startswith("dibs-")} - before
     assert not leftover, f"the failed worker left threads running: {leftover}"
@@ -136,7 +136,7 @@ def test_a_newer_migration_upgrades_a_current_database(empty_db: QueueDatabase) 
 
     kept = app.enqueue(do, {"n": 1})
     with pytest.raises(
-        dibs.SchemaMissing, match=f"has dibs schema version {LATEST}, this dibs needs {LATEST + 1}; run `dibs init"
+        dibs.SchemaMissing, match=f"has dibs schema version {LATEST}, this dibs needs {LATEST + 1}; run `dibs --db URL init"
     ):
         require_current(engine, newer)
 

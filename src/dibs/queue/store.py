@@ -202,7 +202,13 @@ class JobStore:
         """Whether any job of these queues and tasks, untagged or of these tags, is queued, scheduled or
         running (with a lease): three probes, each answered from a partial index, however many finished
         jobs the table holds (a burst worker asks this each time a claim comes back empty; counting every
-        job per state read the whole table)."""
+        job per state read the whole table).
+
+        Each probe asks for the first job in the order of its state's index (LIMIT 1), not whether one
+        EXISTS: PostgreSQL plans an EXISTS as a scan of the whole table when its statistics, taken while a
+        backlog waited, say most rows match, and the end of a drain then read every finished row at each
+        look (5-40 ms at 50,000 rows). The first row in index order is read from the index whatever the
+        statistics say."""
         tagged = jobs.c.tag.in_(sa.bindparam("dibs_tags", expanding=True)) if tags else sa.false()
         in_queues = sa.and_(
             jobs.c.queue.in_(sa.bindparam("dibs_queues", expanding=True)),
@@ -214,16 +220,20 @@ class JobStore:
             # A literal: SQLite uses a partial index only for a query that repeats its condition as written.
             return jobs.c.status == sa.literal(name, literal_execute=True)
 
-        probes = [
-            sa.exists(sa.select(jobs.c.id).where(state(QUEUED), in_queues)),
-            sa.exists(sa.select(jobs.c.id).where(state(SCHEDULED), in_queues)),
-            sa.exists(sa.select(jobs.c.id).where(state(RUNNING), jobs.c.lease_expires_at.is_not(None), in_queues)),
-        ]
+        def first(where: sa.ColumnElement[bool], *order: sa.ColumnElement[object]) -> sa.ColumnElement[bool]:
+            return sa.select(jobs.c.id).where(where, in_queues).order_by(*order).limit(1).scalar_subquery().is_not(None)
+
+        probes = sa.select(
+            # The claim index: queue first, so that a list of queues still reads it in order.
+            first(state(QUEUED), jobs.c.queue, jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id),
+            first(state(SCHEDULED), jobs.c.run_at),
+            first(sa.and_(state(RUNNING), jobs.c.lease_expires_at.is_not(None)), jobs.c.lease_expires_at),
+        )
         parameters = {"dibs_queues": list(queues), "dibs_tasks": list(tasks)}
         if tags:
             parameters["dibs_tags"] = list(tags)
         with connected(conn) as connection:
-            found = connection.execute(sa.select(*probes), parameters).one()
+            found = connection.execute(probes, parameters).one()
         return WorkLeft(*(bool(value) for value in found))
 
     # -- upkeep ------------------------------------------------------------------------------------

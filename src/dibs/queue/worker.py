@@ -77,9 +77,12 @@ class WorkerStats:
 TUNED_GC_THRESHOLD = 10_000
 #: Seconds between looks of a burst worker that has nothing left to do but wait for jobs running in other
 #: workers to end (it stays until they have: a failed one is retried, a crashed worker's is recovered):
-#: the first wait, doubled at each look up to the second (or the worker's poll, if shorter), so that many
-#: burst workers behind one long job do not probe the database twenty times a second each.
-BURST_END_POLL = 0.05
+#: the first wait, grown by half at each look up to the second (or the worker's poll, if shorter). Workers
+#: draining one backlog end within tens of milliseconds of each other, and each look is one read of three
+#: indexes, so the first looks come quickly; many burst workers behind one long job still do not probe the
+#: database more than a few times a second each.
+BURST_END_POLL = 0.01
+BURST_END_POLL_GROWTH = 1.5
 BURST_END_POLL_MOST = 0.4
 
 
@@ -438,7 +441,7 @@ class Worker:
             assert self._wake is not None
             self._wake.clear()
             await self._sleep(wait)
-            wait = min(wait * 2, BURST_END_POLL_MOST, self.poll_seconds)
+            wait = min(wait * BURST_END_POLL_GROWTH, BURST_END_POLL_MOST, self.poll_seconds)
             left = await self._quietly(self._work_left)
             if left is None or left.queued or left.scheduled:
                 return False
