@@ -10,6 +10,7 @@ status = 'running'``, so a worker whose lease was taken over changes nothing, is
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -91,6 +92,13 @@ def _seconds(duration: Duration, name: str = "duration") -> float:
 #: Lease writes go in chunks of at most this many leases, which bounds both the statement's parameters
 #: and PostgreSQL's per-row scan of the token array.
 WRITE_CHUNK = 1000
+
+
+def _positive_rows(count: Any, name: str) -> int:
+    """A positive whole number of rows, or InvalidArgument naming ``name``."""
+    if isinstance(count, bool) or not hasattr(count, "__index__") or operator.index(count) <= 0:
+        raise InvalidArgument(f"{name} must be a positive whole number of rows, got {count!r}")
+    return operator.index(count)
 
 
 @contextmanager
@@ -387,11 +395,18 @@ class Leases:
         where: Criteria = None,
         status: str | None = None,
         set: Mapping[Any, Any] | None = None,
+        batch: int | None = None,
     ) -> list[tuple[Any, ...]]:
         """Put running rows whose lease expired back to ``status`` (ready unless given); returns their keys.
 
         A later write by the lost holder finds the row no longer running and changes nothing.
+
+        ``batch``: recover in statements of at most that many rows, longest expired first, until one finds
+        fewer. Each then reads an index on the lease's expiry in order, even where the database's
+        statistics (taken while most rows were running) would plan the unordered read as a scan of the
+        whole table; give it when there is such an index.
         """
+        size = None if batch is None else _positive_rows(batch, "batch")
         backend = backend_for(bind.dialect)
         criteria: list[Any] = [self.status == self.running, self.expires_at < backend.now()]
         if where is not None:
@@ -401,17 +416,23 @@ class Leases:
             values[self.finished_at] = backend.now()
         values.update({column_of(self.table, key, "set"): value for key, value in (set or {}).items()})
         found = sa.select(*self.key_columns).where(*criteria).with_for_update(skip_locked=True)
-        with _transaction(bind, backend.transaction) as conn:
-            keys = list(map(tuple, conn.execute(found)))
-            if keys:
-                held = (
-                    sa.tuple_(*self.key_columns).in_(keys)
-                    if len(self.key_columns) > 1
-                    else self.key_columns[0].in_([key[0] for key in keys])
-                )
-                # The criteria again: a row renewed between the read and the write is left alone.
-                conn.execute(sa.update(self.table).where(held, *criteria).values(values))
-        return keys
+        if size is not None:
+            found = found.order_by(self.expires_at).limit(size)
+        recovered: list[tuple[Any, ...]] = []
+        while True:
+            with _transaction(bind, backend.transaction) as conn:
+                keys = list(map(tuple, conn.execute(found)))
+                if keys:
+                    held = (
+                        sa.tuple_(*self.key_columns).in_(keys)
+                        if len(self.key_columns) > 1
+                        else self.key_columns[0].in_([key[0] for key in keys])
+                    )
+                    # The criteria again: a row renewed between the read and the write is left alone.
+                    conn.execute(sa.update(self.table).where(held, *criteria).values(values))
+            recovered.extend(keys)
+            if size is None or len(keys) < size:
+                return recovered
 
     # -- guarded writes ----------------------------------------------------------------------------
 
@@ -712,9 +733,10 @@ class Leases:
         where: Criteria = None,
         status: str | None = None,
         set: Mapping[Any, Any] | None = None,
+        batch: int | None = None,
     ) -> list[tuple[Any, ...]]:
         """recover() for asyncio."""
-        return await _run_async(bind, lambda conn: self.recover(conn, where=where, status=status, set=set))
+        return await _run_async(bind, lambda conn: self.recover(conn, where=where, status=status, set=set, batch=batch))
 
     async def arelease(self, bind: AsyncEngine | AsyncConnection, lease: Lease) -> None:
         """release() for asyncio."""

@@ -225,6 +225,25 @@ def test_without_reclaiming_expired_leases_recover_puts_them_back(db: Harness) -
     assert all(row.finished_at is not None for row in finished)
 
 
+def test_recover_in_batches_takes_every_expired_lease_longest_expired_first(db: Harness) -> None:
+    table, leases = make_leased(db, 5)
+    first = db.lease(leases, "claim", owner="crashed", duration=0.3, limit=2, where=table.c.id.in_([4, 5]))
+    assert len(first) == 2
+    time.sleep(0.2)
+    later = db.lease(leases, "claim", owner="crashed", duration=0.3, limit=3, order_by="id")
+    assert [lease.key for lease in later] == [(1,), (2,), (3,)]
+    time.sleep(0.6)
+    recovered = db.lease(leases, "recover", batch=2)
+    # Three statements (2, 2, 1 rows), the two that expired first in the first.
+    assert sorted(recovered[:2]) == [(4,), (5,)]
+    assert sorted(recovered) == [(1,), (2,), (3,), (4,), (5,)]
+    assert db.lease(leases, "recover", batch=2) == []
+    assert {row.status for row in db.rows(sa.select(table))} == {"ready"}
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(dibs.InvalidArgument, match="batch must be a positive whole number of rows"):
+            db.lease(leases, "recover", batch=bad)
+
+
 def test_a_claimer_fixes_criteria_and_takes_parameters_per_call(db: Harness) -> None:
     table = db.table("claimer", *leased_columns())
     db.execute(table.insert(), fill(table, 6, payload=lambda i: "a" if i % 2 else "b"))

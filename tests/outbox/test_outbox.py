@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 import dibs
 from dibs.lease import Lease
 from dibs.schema import outbox as outbox_table
-from tests.outbox.support import OutboxDatabase, aware
-from tests.queue.support import ASYNC_DRIVERS, database_now, orders
+from tests.outbox.support import OutboxDatabase, add_events, aware, interleaved
+from tests.queue.support import ASYNC_DRIVERS, analyze, caught_statements, database_now, orders, plan_of, reads_whole
 from tests.targets import with_driver
 
 LONG_LEASE = 60.0
@@ -559,3 +559,37 @@ def test_purge_deletes_published_events_older_than_the_cutoff_only(odb: OutboxDa
     assert outbox.purge() == 1  # the one published just now
     assert statuses(outbox) == {ids[state]: state for state in ("pending", "processing", "failed", "abandoned")}
     assert outbox.purge() == 0
+
+
+@pytest.mark.parametrize(
+    ("look", "state", "index"),
+    [("promote due", "failed", "dibs_outbox_due"), ("recover expired", "processing", "dibs_outbox_expiry")],
+)
+def test_the_relays_upkeep_reads_indexes_even_with_statistics_of_a_backlog(
+    odb: OutboxDatabase, look: str, state: str, index: str
+) -> None:
+    """The statistics were taken while most events were failed (waiting to be tried again) or held by
+    relays; the events were then published. A relay's upkeep must still read the index of its state, not
+    every published event (on PostgreSQL both reads were planned as scans of the whole table).
+    """
+    outbox = odb.outbox()
+    add_events(outbox, interleaved(30, 100), per_transaction=1000)
+    now = sa.func.current_timestamp()
+    with odb.engine.begin() as conn:
+        conn.execute(sa.update(outbox_table).values(status=state, next_attempt_at=now, lease_expires_at=now))
+    analyze(odb.engine, "dibs_outbox")
+    with odb.engine.begin() as conn:
+        conn.execute(sa.update(outbox_table).values(status="published", lease_expires_at=None, published_at=now))
+    store = outbox.store
+    found: list[int] = []
+    if look == "promote due":
+        statements = caught_statements(odb.engine, lambda: found.append(store.promote_due(odb.engine)))
+    else:
+        statements = caught_statements(odb.engine, lambda: found.append(store.recover_expired(odb.engine)))
+    assert found == [0]
+    assert statements, "nothing was asked of the database"
+    with odb.engine.connect() as conn:
+        plans = [plan_of(conn, statement, parameters) for statement, parameters in statements]
+    assert index in " || ".join(plans), plans
+    for plan in plans:
+        assert not reads_whole(plan, "dibs_outbox"), plan

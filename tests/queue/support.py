@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -169,3 +170,50 @@ def kill_other_sessions(url: sa.URL) -> int:
             return killed
     finally:
         engine.dispose()
+
+
+# -- query plans -----------------------------------------------------------------------------------------
+
+
+def caught_statements(engine: Engine, call: Callable[[], Any]) -> list[tuple[str, Any]]:
+    """The reads and writes ``call`` sends through ``engine``, with their parameters."""
+    statements: list[tuple[str, Any]] = []
+
+    def caught(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        if statement.lstrip().upper().startswith(("SELECT", "WITH", "UPDATE", "DELETE")):
+            statements.append((statement, parameters))
+
+    sa.event.listen(engine, "before_cursor_execute", caught)
+    try:
+        call()
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", caught)
+    return statements
+
+
+def plan_of(conn: sa.Connection, statement: str, parameters: Any) -> str:
+    """The database's plan for a statement, one step per ``|``-separated part."""
+    explain = "EXPLAIN QUERY PLAN" if conn.dialect.name == "sqlite" else "EXPLAIN"
+    rows = conn.exec_driver_sql(f"{explain} {statement}", parameters).all()
+    if conn.dialect.name == "mysql":
+        # id, select_type, table, type (ALL: the whole table), possible_keys, key, ...
+        return " | ".join(f"{row[2]} {row[3]} {row[5]}" for row in rows)
+    return " | ".join(str(row[-1]) for row in rows)
+
+
+def reads_whole(plan: str, table: str) -> bool:
+    """Whether a plan from plan_of reads all of ``table``, on any of the three databases."""
+    return (
+        f"Seq Scan on {table}" in plan  # PostgreSQL
+        or re.search(rf"SCAN {table}(?! USING)", plan) is not None  # SQLite
+        or f"{table} ALL" in plan  # MariaDB
+    )
+
+
+def analyze(engine: Engine, table: str) -> None:
+    """Fresh statistics of ``table`` for the planner."""
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        if conn.dialect.name == "mysql":
+            conn.exec_driver_sql(f"ANALYZE TABLE {table}").all()
+        else:
+            conn.exec_driver_sql(f"ANALYZE {table}")

@@ -136,7 +136,8 @@ def test_a_newer_migration_upgrades_a_current_database(empty_db: QueueDatabase) 
 
     kept = app.enqueue(do, {"n": 1})
     with pytest.raises(
-        dibs.SchemaMissing, match=f"has dibs schema version {LATEST}, this dibs needs {LATEST + 1}; run `dibs --db URL init"
+        dibs.SchemaMissing,
+        match=f"has dibs schema version {LATEST}, this dibs needs {LATEST + 1}; run `dibs --db URL init",
     ):
         require_current(engine, newer)
 

@@ -167,12 +167,14 @@ class OutboxStore:
             where=[outbox.c.status == FAILED, outbox.c.next_attempt_at <= self.backend.now()],
             set={outbox.c.status: PENDING},
             limit=limit,
+            # In the due index's order: the database reads it from the index whatever its statistics say.
+            order_by=[outbox.c.next_attempt_at],
         )
         return len(rows)
 
     def recover_expired(self, conn: Engine | Connection) -> int:
         """Events held by a relay that stopped renewing its lease (it died) are pending again."""
-        return len(leases.recover(conn, status=PENDING))
+        return len(leases.recover(conn, status=PENDING, batch=UPKEEP_BATCH))
 
     def purge(self, conn: Engine | Connection, older_than: timedelta, limit: int = 10_000) -> int:
         """Delete up to ``limit`` events published more than ``older_than`` ago; returns how many."""

@@ -246,6 +246,8 @@ class JobStore:
             where=[jobs.c.status == SCHEDULED, jobs.c.run_at <= self.backend.now()],
             set={jobs.c.status: QUEUED},
             limit=limit,
+            # In the due index's order: read from the index whatever the statistics say (see work_left).
+            order_by=[jobs.c.run_at],
         )
         return len(rows)
 
@@ -258,10 +260,11 @@ class JobStore:
             where=jobs.c.attempts >= jobs.c.max_attempts,
             status=DEAD,
             set={jobs.c.last_error: message, jobs.c.dedupe_key: None},
+            batch=UPKEEP_BATCH,
         )
         # The same test again: a lease that expired between the two statements must not be queued for an
         # attempt past its last (it is buried at the next round instead).
-        requeued = leases.recover(conn, where=jobs.c.attempts < jobs.c.max_attempts, status=QUEUED)
+        requeued = leases.recover(conn, where=jobs.c.attempts < jobs.c.max_attempts, status=QUEUED, batch=UPKEEP_BATCH)
         return len(requeued), len(dead)
 
     def purge(
