@@ -207,10 +207,10 @@ def claim_request(
     )
 
 
-def whole_number(limit: Any) -> int:
-    """A claim limit as an int, or InvalidArgument."""
+def whole_number(limit: Any, name: str = "limit") -> int:
+    """A claim limit (or another count of rows, called ``name``) as an int, or InvalidArgument."""
     if isinstance(limit, bool) or not hasattr(limit, "__index__"):
-        raise InvalidArgument(f"limit must be a whole number of rows, got {limit!r}")
+        raise InvalidArgument(f"{name} must be a whole number of rows, got {limit!r}")
     return operator.index(limit)
 
 

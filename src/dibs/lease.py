@@ -10,7 +10,6 @@ status = 'running'``, so a worker whose lease was taken over changes nothing, is
 from __future__ import annotations
 
 import dataclasses
-import operator
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -92,13 +91,6 @@ def _seconds(duration: Duration, name: str = "duration") -> float:
 #: Lease writes go in chunks of at most this many leases, which bounds both the statement's parameters
 #: and PostgreSQL's per-row scan of the token array.
 WRITE_CHUNK = 1000
-
-
-def _positive_rows(count: Any, name: str) -> int:
-    """A positive whole number of rows, or InvalidArgument naming ``name``."""
-    if isinstance(count, bool) or not hasattr(count, "__index__") or operator.index(count) <= 0:
-        raise InvalidArgument(f"{name} must be a positive whole number of rows, got {count!r}")
-    return operator.index(count)
 
 
 @contextmanager
@@ -402,19 +394,29 @@ class Leases:
         A later write by the lost holder finds the row no longer running and changes nothing.
 
         ``batch``: recover in statements of at most that many rows, longest expired first, until one finds
-        fewer. Each then reads an index on the lease's expiry in order, even where the database's
-        statistics (taken while most rows were running) would plan the unordered read as a scan of the
-        whole table; give it when there is such an index.
+        fewer. Given an index on the lease's expiry, each then reads it in order, even where the
+        database's statistics (taken while most rows were running) would plan the unordered read as a
+        scan of the whole table. Outside a transaction of the caller's each statement commits on its own:
+        if one fails, the rows of those before it stay recovered.
         """
-        size = None if batch is None else _positive_rows(batch, "batch")
+        size = None if batch is None else whole_number(batch, "batch")
+        if size is not None and size <= 0:
+            raise InvalidArgument(f"batch must be a positive whole number of rows, got {batch!r}")
         backend = backend_for(bind.dialect)
-        criteria: list[Any] = [self.status == self.running, self.expires_at < backend.now()]
+        criteria: list[Any] = [self.status == constant(self.running), self.expires_at < backend.now()]
         if where is not None:
             criteria.extend([where] if isinstance(where, sa.ClauseElement) else list(where))
         values: dict[Any, Any] = {self.status: status or self.ready, self.expires_at: None, self.owner: None}
         if self.finished_at is not None and (status or self.ready) != self.ready:
             values[self.finished_at] = backend.now()
-        values.update({column_of(self.table, key, "set"): value for key, value in (set or {}).items()})
+        extra = {column_of(self.table, key, "set"): value for key, value in (set or {}).items()}
+        for column in extra:
+            if column is self.status or column is self.expires_at:
+                raise InvalidArgument(
+                    f"set must not name {column.name}: recover sets the status (pass status=) and clears the "
+                    "lease's expiry itself"
+                )
+        values.update(extra)
         found = sa.select(*self.key_columns).where(*criteria).with_for_update(skip_locked=True)
         if size is not None:
             found = found.order_by(self.expires_at).limit(size)

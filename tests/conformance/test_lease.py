@@ -240,8 +240,12 @@ def test_recover_in_batches_takes_every_expired_lease_longest_expired_first(db: 
     assert db.lease(leases, "recover", batch=2) == []
     assert {row.status for row in db.rows(sa.select(table))} == {"ready"}
     for bad in (0, -1, True, 1.5):
-        with pytest.raises(dibs.InvalidArgument, match="batch must be a positive whole number of rows"):
+        with pytest.raises(dibs.InvalidArgument, match="batch must be a"):
             db.lease(leases, "recover", batch=bad)
+    # recover sets the status and clears the expiry itself: a set= naming them is refused, nothing written.
+    for column in ("status", "lease_expires_at"):
+        with pytest.raises(dibs.InvalidArgument, match=f"set must not name {column}"):
+            db.lease(leases, "recover", set={column: None})
 
 
 def test_a_claimer_fixes_criteria_and_takes_parameters_per_call(db: Harness) -> None:

@@ -196,8 +196,8 @@ def plan_of(conn: sa.Connection, statement: str, parameters: Any) -> str:
     explain = "EXPLAIN QUERY PLAN" if conn.dialect.name == "sqlite" else "EXPLAIN"
     rows = conn.exec_driver_sql(f"{explain} {statement}", parameters).all()
     if conn.dialect.name == "mysql":
-        # id, select_type, table, type (ALL: the whole table), possible_keys, key, ...
-        return " | ".join(f"{row[2]} {row[3]} {row[5]}" for row in rows)
+        # id, select_type, table, type (ALL: the whole table), possible_keys, key, key_len, ref, rows, Extra
+        return " | ".join(f"{row[2]} {row[3]} {row[5]} {row[9]}" for row in rows)
     return " | ".join(str(row[-1]) for row in rows)
 
 
@@ -210,10 +210,20 @@ def reads_whole(plan: str, table: str) -> bool:
     )
 
 
-def analyze(engine: Engine, table: str) -> None:
-    """Fresh statistics of ``table`` for the planner."""
+def sorts(plan: str) -> bool:
+    """Whether a plan from plan_of sorts rows (it read them all to find the first)."""
+    return re.search(r"\bSort\b|TEMP B-TREE|filesort", plan) is not None
+
+
+def statistics_taken_now(engine: Engine, table: str) -> None:
+    """Statistics of ``table`` as it is now, which the database then keeps (no automatic refresh) until
+    the table is dropped: what a planner believes after a backlog was analyzed."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if conn.dialect.name == "mysql":
+            conn.exec_driver_sql(f"ALTER TABLE {table} STATS_AUTO_RECALC=0")
             conn.exec_driver_sql(f"ANALYZE TABLE {table}").all()
+        elif conn.dialect.name == "postgresql":
+            conn.exec_driver_sql(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+            conn.exec_driver_sql(f"ANALYZE {table}")
         else:
             conn.exec_driver_sql(f"ANALYZE {table}")
