@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 from dibs._errors import InvalidArgument
 from dibs.claim import claim
 from dibs.dialects import backend_for
-from dibs.dialects.base import moment
+from dibs.dialects.base import constant, moment
 from dibs.lease import Lease, Leases
 from dibs.schema import ABANDONED, FAILED, PENDING, PROCESSING, PUBLISHED, outbox
 
@@ -164,7 +164,7 @@ class OutboxStore:
         rows = claim(
             conn,
             outbox,
-            where=[outbox.c.status == FAILED, outbox.c.next_attempt_at <= self.backend.now()],
+            where=[outbox.c.status == constant(FAILED), outbox.c.next_attempt_at <= self.backend.now()],
             set={outbox.c.status: PENDING},
             limit=limit,
             # In the due index's order: the database reads it from the index whatever its statistics say.

@@ -244,7 +244,7 @@ class JobStore:
         rows = claim(
             conn,
             jobs,
-            where=[jobs.c.status == SCHEDULED, jobs.c.run_at <= self.backend.now()],
+            where=[jobs.c.status == constant(SCHEDULED), jobs.c.run_at <= self.backend.now()],
             set={jobs.c.status: QUEUED},
             limit=limit,
             # In the due index's order: read from the index whatever the statistics say (see work_left).
