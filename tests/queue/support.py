@@ -215,6 +215,20 @@ def sorts(plan: str) -> bool:
     return re.search(r"\bSort\b|TEMP B-TREE|filesort", plan) is not None
 
 
+def assert_reads_indexes(engine: Engine, statements: list[tuple[str, Any]], table: str, indexes: list[str]) -> None:
+    """Each statement's plan reads ``table`` through its indexes, not whole and without sorting, and the
+    plans use every one of ``indexes``."""
+    assert statements, "nothing was asked of the database"
+    with engine.connect() as conn:
+        plans = [plan_of(conn, statement, parameters) for statement, parameters in statements]
+    everything = " || ".join(plans)
+    for index in indexes:
+        assert index in everything, everything
+    for plan in plans:
+        assert not reads_whole(plan, table), plan
+        assert not sorts(plan), plan
+
+
 def statistics_taken_now(engine: Engine, table: str) -> None:
     """Statistics of ``table`` as it is now, which the database then keeps (no automatic refresh) until
     the table is dropped: what a planner believes after a backlog was analyzed."""
