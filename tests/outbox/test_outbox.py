@@ -19,11 +19,11 @@ from dibs.schema import outbox as outbox_table
 from tests.outbox.support import OutboxDatabase, add_events, aware, interleaved
 from tests.queue.support import (
     ASYNC_DRIVERS,
+    analyzed_then_finished,
     assert_reads_indexes,
     caught_statements,
     database_now,
     orders,
-    statistics_taken_now,
 )
 from tests.targets import with_driver
 
@@ -582,12 +582,13 @@ def test_the_relays_upkeep_reads_indexes_even_with_statistics_of_a_backlog(
     outbox = odb.outbox()
     add_events(outbox, interleaved(30, 100), per_transaction=1000)
     past = datetime.now(timezone.utc) - timedelta(minutes=5)
-    with odb.engine.begin() as conn:
-        conn.execute(sa.update(outbox_table).values(status=state, next_attempt_at=past, lease_expires_at=past))
-    statistics_taken_now(odb.engine, "dibs_outbox")
+    analyzed_then_finished(
+        odb.engine,
+        outbox_table,
+        {"status": state, "next_attempt_at": past, "lease_expires_at": past},
+        {"status": "published", "lease_expires_at": None, "published_at": past},
+    )
     monkeypatch.setattr("dibs.outbox.store.UPKEEP_BATCH", 100)
-    with odb.engine.begin() as conn:
-        conn.execute(sa.update(outbox_table).values(status="published", lease_expires_at=None, published_at=past))
     store = outbox.store
     found: list[int] = []
     if look == "promote due":

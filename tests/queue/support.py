@@ -229,6 +229,16 @@ def assert_reads_indexes(engine: Engine, statements: list[tuple[str, Any]], tabl
         assert not sorts(plan), plan
 
 
+def analyzed_then_finished(engine: Engine, table: sa.Table, backlog: dict[str, Any], finished: dict[str, Any]) -> None:
+    """Every row of ``table`` set to ``backlog`` when the statistics are taken (and kept), then to
+    ``finished``: what a planner believes after a backlog was analyzed and its rows then finished."""
+    with engine.begin() as conn:
+        conn.execute(sa.update(table).values(**backlog))
+    statistics_taken_now(engine, table.name)
+    with engine.begin() as conn:
+        conn.execute(sa.update(table).values(**finished))
+
+
 def statistics_taken_now(engine: Engine, table: str) -> None:
     """Statistics of ``table`` as it is now, which the database then keeps (no automatic refresh) until
     the table is dropped: what a planner believes after a backlog was analyzed."""

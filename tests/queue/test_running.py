@@ -17,11 +17,11 @@ import dibs
 from tests.queue.conftest import QueueDatabase
 from tests.queue.support import (
     QUICK_RETRY,
+    analyzed_then_finished,
     assert_reads_indexes,
     caught_statements,
     database_now,
     job_rows,
-    statistics_taken_now,
     wait_until,
 )
 
@@ -538,15 +538,15 @@ def test_a_workers_looks_read_indexes_even_with_statistics_of_a_backlog(
         return None
 
     app.enqueue_many(step, [{}] * 3000)
-    jobs = dibs.schema.jobs
     expired = datetime.now(timezone.utc) - timedelta(minutes=5)
-    with qdb.engine.begin() as conn:
-        conn.execute(sa.update(jobs).values(status=state, lease_expires_at=expired))
-    statistics_taken_now(qdb.engine, "dibs_jobs")
+    analyzed_then_finished(
+        qdb.engine,
+        dibs.schema.jobs,
+        {"status": state, "lease_expires_at": expired},
+        {"status": "succeeded", "lease_expires_at": None, "dedupe_key": None},
+    )
     # Rounds far smaller than the table: an ordered read of a few rows is clearly cheaper than a sort of all.
     monkeypatch.setattr("dibs.queue.store.UPKEEP_BATCH", 100)
-    with qdb.engine.begin() as conn:
-        conn.execute(sa.update(jobs).values(status="succeeded", lease_expires_at=None, dedupe_key=None))
     store = app.store
     found: list[Any] = []
     if look == "work left":
