@@ -275,7 +275,12 @@ def current_version(bind: Engine | Connection) -> int:
     with connected(bind) as conn:
         if not sa.inspect(conn).has_table(SCHEMA):
             return 0
-        return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(schema_versions.c.version), 0))).scalar_one())
+        return _newest_applied(conn)
+
+
+def _newest_applied(conn: Connection) -> int:
+    """The newest version recorded in dibs_schema (which exists), 0 for none."""
+    return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(schema_versions.c.version), 0))).scalar_one())
 
 
 #: How many times migrate() tries when its statements collide with another process migrating the database.
@@ -306,8 +311,7 @@ def _apply_missing(bind: Engine | Connection, migrations: tuple[Migration, ...],
     with connected(bind) as conn:
         schema_versions.create(conn, checkfirst=True)
         _commit(conn)
-        done = current_version(conn)
-        present = set(sa.inspect(conn).get_table_names())
+        present, done = _tables_and_version(conn)
         for migration in sorted(migrations, key=lambda step: step.version):
             if migration.version <= done:
                 if migration.creates is not None and migration.creates not in present:
@@ -328,8 +332,7 @@ def _tables_and_version(conn: Connection) -> tuple[set[str], int]:
     present = set(sa.inspect(conn).get_table_names())
     if SCHEMA not in present:
         return present, 0
-    newest = conn.execute(sa.select(sa.func.coalesce(sa.func.max(schema_versions.c.version), 0))).scalar_one()
-    return present, int(newest)
+    return present, _newest_applied(conn)
 
 
 def _gone(present: set[str], done: int, migrations: tuple[Migration, ...]) -> list[str]:
