@@ -554,11 +554,16 @@ def test_purge_deletes_published_events_older_than_the_cutoff_only(odb: OutboxDa
     outbox = odb.outbox()
     old = one_each(outbox, "old-1", "old-2")
     assert outbox.store.published(outbox.engine, claim(outbox)) == []
+    old_published = time.monotonic()
     time.sleep(0.8)
+    new_begun = time.monotonic()
     ids = in_states(outbox)  # one published now, one each of the other states
 
     assert outbox.purge(older_than=timedelta(hours=1)) == 0
-    assert outbox.purge(older_than=timedelta(seconds=0.4)) == 2
+    # A cutoff halfway between the two ages, however long the steps since took on a busy machine.
+    now = time.monotonic()
+    cutoff = ((now - old_published) + (now - new_begun)) / 2
+    assert outbox.purge(older_than=timedelta(seconds=cutoff)) == 2
     assert sorted(statuses(outbox)) == sorted(ids.values())
     for event_id in old.values():
         with pytest.raises(dibs.EventNotFound):
