@@ -116,6 +116,16 @@ def _parsed(url: str | sa.URL) -> sa.URL:
 
 
 @contextmanager
+def writing(engine: Engine) -> Iterator[Connection]:
+    """A connection in a transaction of dibs's own that writes, committed when the block ends (rolled back
+    if it raises). On SQLite it takes the write lock up front, in turn with dibs's other writers, so that
+    an enqueue is not left waiting on SQLite's busy handler while workers write; elsewhere it is
+    SQLAlchemy's ``engine.begin()``."""
+    with engine.connect() as conn, backend_for(engine.dialect).writing(conn):
+        yield conn
+
+
+@contextmanager
 def connected(bind: Engine | Connection) -> Iterator[Connection]:
     """The given connection, or a new one from the engine that is closed afterwards."""
     if isinstance(bind, Engine):

@@ -1,5 +1,6 @@
 """Infrastructure faults the chaos scenarios inflict on running workers: a pool's connections held by other
-code, a snapshot held open for a whole run, an SQLite reader that keeps the WAL from being checkpointed."""
+code, a snapshot held open for a whole run, an SQLite reader that keeps the WAL from being checkpointed, and
+an SQLite writer of another program that keeps taking the write lock."""
 
 from __future__ import annotations
 
@@ -126,4 +127,31 @@ class LongSQLiteReader:
     def close(self) -> None:
         with self._lock, contextlib.suppress(Exception):
             self.conn.execute("COMMIT")
+        self.conn.close()
+
+
+class SQLiteWriteHog:
+    """Another program's writer on an SQLite file: in a thread, it takes the write lock (BEGIN IMMEDIATE)
+    for ``hold`` seconds, lets it go for ``gap`` seconds, and again, until closed. It takes no turn of
+    dibs's, so dibs's writers meet it on SQLite's lock, and past their busy timeout get dibs.Busy."""
+
+    def __init__(self, path: Path, hold: float, gap: float) -> None:
+        self.conn = sqlite3.connect(path, isolation_level=None, timeout=10, check_same_thread=False)
+        self.hold, self.gap = hold, gap
+        self.held = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="sqlite-write-hog", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.held += 1
+            self._stop.wait(self.hold)
+            self.conn.execute("COMMIT")
+            self._stop.wait(self.gap)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
         self.conn.close()

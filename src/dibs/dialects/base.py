@@ -179,6 +179,10 @@ class Backend(Protocol):
         """The transaction a multi-statement claim runs in, opened and committed (or rolled back) here."""
         ...
 
+    def writing(self, conn: Connection) -> AbstractContextManager[Any]:
+        """A transaction of dibs's own that writes (an enqueue, a cancel), opened and committed here."""
+        ...
+
     def now(self) -> ColumnElement[datetime]:
         """The current time, as the database sees it, as a SQL expression."""
         ...
@@ -276,6 +280,9 @@ class BackendDefaults:
 
     def configure(self, engine: Engine) -> None:
         return None
+
+    def writing(self, conn: Connection) -> AbstractContextManager[Any]:
+        return conn.begin()
 
     def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
         return fenced_in_list(key_columns, token)

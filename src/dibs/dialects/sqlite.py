@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -48,6 +48,7 @@ from dibs.dialects.base import (
     warn_fallback,
 )
 from dibs.dialects.portable import AppClock
+from dibs.dialects.turns import TIMEOUT_INFO, take_turns, writer_turn
 
 RETURNING_SINCE = (3, 35)
 JSON_BUILT_IN = sqlite3.sqlite_version_info >= (3, 38)
@@ -183,10 +184,14 @@ class SQLite(AppClock, BackendDefaults):
         # 3.12's autocommit=False, or an engine that emits its own BEGIN) is deferred; the claim is still
         # correct there because SQLite refuses a write on a stale read snapshot, but it cannot wait on the
         # busy handler.
-        with conn.begin():
+        with writer_turn(conn), conn.begin():
             if not _driver_in_transaction(conn.connection.dbapi_connection):
                 driver.execute(conn, _BEGIN_IMMEDIATE, {})
             yield
+
+    def writing(self, conn: Connection) -> AbstractContextManager[None]:
+        """The write lock taken up front, in turn (see transaction)."""
+        return self.transaction(conn)
 
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         original = exc.orig
@@ -237,13 +242,17 @@ class SQLite(AppClock, BackendDefaults):
         return sqlite_insert(table).on_conflict_do_nothing(index_elements=[unique], index_where=unique.is_not(None))
 
     def configure(self, engine: Engine) -> None:
-        """WAL (readers never block the writer) and fsync at checkpoints only."""
+        """WAL (readers never block the writer), fsync at checkpoints only, and dibs's writers taking turns
+        (see dibs.dialects.turns)."""
+        turns = take_turns(engine)
 
         @event.listens_for(engine, "connect")
-        def _tune(dbapi_connection: Any, _record: Any) -> None:
+        def _tune(dbapi_connection: Any, record: Any) -> None:
             cursor = dbapi_connection.cursor()
             try:
                 cursor.execute("PRAGMA journal_mode = WAL")
                 cursor.execute("PRAGMA synchronous = NORMAL")
+                if turns:  # a writer waits for its turn as long as it would wait on SQLite's lock
+                    record.info[TIMEOUT_INFO] = cursor.execute("PRAGMA busy_timeout").fetchone()[0] / 1000
             finally:
                 cursor.close()

@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection, Engine
 from dibs._errors import EventNotFound, InvalidArgument
 from dibs.dialects import backend_for
 from dibs.dialects.base import moment
-from dibs.engine import checked_url, connected, create_engine
+from dibs.engine import checked_url, connected, create_engine, writing
 from dibs.outbox.events import OutboxEvent, event_from, insert_events, new_event
 from dibs.outbox.store import FailedHead, OutboxStore, checked_policy
 from dibs.queue.app import database_url
@@ -186,7 +186,7 @@ class Outbox:
 
     def _write(self, conn: Any, events: list[dict[str, Any]]) -> list[int]:
         if isinstance(conn, Engine):
-            with conn.begin() as connection:
+            with writing(conn) as connection:
                 return insert_events(connection, events, self._channel())
         if isinstance(conn, Connection):
             # Inside the caller's transaction, or the one this statement begins: the caller commits it, with
@@ -306,7 +306,7 @@ class Outbox:
         chosen = None if ids is None else [_event_id(value) for value in ids]
         if chosen is not None and not chosen:
             return 0
-        with self.engine.begin() as conn:
+        with writing(self.engine) as conn:
             if chosen is None:
                 return int(conn.execute(change).rowcount)
             return sum(
@@ -326,7 +326,7 @@ class Outbox:
         chosen = [_event_id(value) for value in ids]
         if not chosen:
             return 0
-        with self.engine.begin() as conn:
+        with writing(self.engine) as conn:
             return int(
                 conn.execute(sa.delete(outbox).where(outbox.c.id.in_(chosen), outbox.c.status == ABANDONED)).rowcount
             )

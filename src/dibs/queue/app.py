@@ -29,7 +29,7 @@ from dibs._errors import InvalidArgument, JobNotFound
 from dibs.claim import claim
 from dibs.dialects import backend_for
 from dibs.dialects.base import moment
-from dibs.engine import checked_url, connected, create_engine
+from dibs.engine import checked_url, connected, create_engine, writing
 from dibs.queue.enqueue import NewJob, insert_jobs, new_job, task_named
 from dibs.queue.job import Job
 from dibs.queue.periodic import Periodic, PeriodicStatus, checked_periodic, enqueue_due, schedule_status, sync_schedules
@@ -357,7 +357,7 @@ class App:
 
     def _write_on(self, conn: Any, work: Callable[[Connection], list[Job]]) -> list[Job]:
         if conn is None:
-            with self.engine.begin() as connection:
+            with writing(self.engine) as connection:
                 return work(connection)
         if isinstance(conn, Connection):
             # Inside the caller's transaction, or the one this statement begins: the caller commits it.
@@ -414,7 +414,7 @@ class App:
             .values(status=CANCELLED, finished_at=backend.now(), dedupe_key=None, last_error="cancelled before it ran")
         )
         running = sa.update(jobs).where(jobs.c.id == job_id, jobs.c.status == RUNNING).values(cancel_requested=True)
-        with self.engine.begin() as conn:
+        with writing(self.engine) as conn:
             if conn.execute(waiting).rowcount == 0:
                 conn.execute(running)
         return self.get(job_id)

@@ -29,6 +29,7 @@ from sqlalchemy.engine import Connection, Engine, Row
 from dibs._errors import InvalidArgument
 from dibs.claim import claim
 from dibs.dialects import backend_for
+from dibs.engine import writing
 from dibs.queue.enqueue import insert_jobs, new_job
 from dibs.queue.task import Task, checked_name
 from dibs.schema import aware, periodic
@@ -171,7 +172,7 @@ def sync_schedules(engine: Engine, schedules: Mapping[str, Periodic]) -> None:
     if not schedules:
         return
     backend = backend_for(engine.dialect)
-    with engine.begin() as conn:
+    with writing(engine) as conn:
         now = _database_now(conn)
         stored = {
             row.name: row.schedule
