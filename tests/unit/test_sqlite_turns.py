@@ -8,8 +8,10 @@ turns, where the write would go ahead at once.
 from __future__ import annotations
 
 import fcntl
+import gc
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +23,9 @@ import pytest
 import sqlalchemy as sa
 
 import dibs
-from dibs.dialects.turns import SUFFIX, writer_turn
+from dibs.dialects import turns
+from dibs.dialects.turns import SUFFIX, turns_of, writer_turn
+from dibs.outbox.outbox import outbox as outbox_table
 from tests.conformance.tables import fill, leased_columns, work_columns
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="flock turns are taken on POSIX systems only")
@@ -56,6 +60,14 @@ def turn_held_elsewhere(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # lets the lock go
+
+
+def waiting_for_turns(*engines: sa.Engine) -> None:
+    """Until a thread of each engine waits for its turn (the one another process holds)."""
+    deadline = time.monotonic() + 30
+    while not all((found := turns_of(engine)) is not None and found.waiting for engine in engines):
+        assert time.monotonic() < deadline, "no thread came to wait for its turn"
+        time.sleep(0.01)
 
 
 def ready_ids(path: Path, table: sa.Table) -> list[int]:
@@ -102,7 +114,8 @@ def test_a_claim_waits_for_the_turn_another_process_holds_and_goes_on_when_it_is
         claim = Background(
             lambda: dibs.claim(engine, work, where=work.c.status == "ready", set={"status": "taken"}, limit=10)
         )
-        time.sleep(0.3)
+        waiting_for_turns(engine)
+        time.sleep(0.1)
         assert claim.running(), "the claim went ahead while another process held the turn"
         assert ready_ids(path, work) == [1, 2, 3]
         let_go = time.monotonic()
@@ -141,7 +154,7 @@ def test_a_turn_that_does_not_come_within_the_busy_timeout_raises_busy_and_write
     engine.dispose()
 
 
-def test_lease_writes_enqueues_and_cancels_take_turns_too(path: Path) -> None:
+def test_lease_writes_enqueues_cancels_and_requeues_take_turns_too(path: Path) -> None:
     engine = new_engine(path)
     leased = sa.Table("leased", sa.MetaData(), *leased_columns())
     leased.create(engine)
@@ -157,23 +170,33 @@ def test_lease_writes_enqueues_and_cancels_take_turns_too(path: Path) -> None:
 
     app.init()
     waiting = app.enqueue("noop")
+    outbox = dibs.Outbox(f"sqlite:///{path}")
+    outbox.init()
+    with engine.begin() as conn:
+        event = outbox.add(conn, "order", 1, "order.placed", {})
+        conn.execute(sa.update(outbox_table).values(status="abandoned"))
     with turn_held_elsewhere(path):
         writes = [
             Background(lambda: leases.complete_many(engine, held)),
             Background(lambda: app.enqueue("noop")),
             Background(lambda: app.cancel(waiting.id)),
+            Background(lambda: outbox.requeue([event])),
         ]
-        time.sleep(0.3)
+        waiting_for_turns(engine, app.engine, outbox.engine)
+        time.sleep(0.1)
         assert all(write.running() for write in writes), "a write went ahead while another process held the turn"
         let_go = time.monotonic()
     assert writes[0].join() == []  # no lease lost
     enqueued = writes[1].join()
     assert writes[2].join().status == "cancelled"
+    assert writes[3].join() == 1
     assert all(write.returned_at >= let_go for write in writes)
     with engine.connect() as conn:
         assert conn.execute(sa.select(sa.func.count()).where(leased.c.status == "done")).scalar_one() == 2
     assert app.get(enqueued.id).status == "queued"
-    app.engine.dispose()
+    assert [found.status for found in outbox.events()] == ["pending"]
+    for owner in (app, outbox):
+        owner.engine.dispose()
     engine.dispose()
 
 
@@ -199,6 +222,90 @@ def test_threads_of_one_process_take_turns(path: Path, work: sa.Table) -> None:
     engine.dispose()
 
 
+def test_a_write_inside_the_same_threads_turn_fails_at_once_saying_what_to_do(path: Path, work: sa.Table) -> None:
+    engine = new_engine(path)  # a busy timeout of 10 s, which the nested write does not wait for
+
+    def nested(conn: sa.Connection, rows: list[Any]) -> None:
+        dibs.claim(engine, work, where=work.c.id == 2, set={"status": "taken"})
+
+    started = time.monotonic()
+    with pytest.raises(dibs.Busy, match=r"already holds its turn .* \(pass its connection, as conn=\)"):
+        dibs.claim(engine, work, where=work.c.id == 1, set={"status": "taken"}, then=nested)
+    assert time.monotonic() - started < 5
+    assert ready_ids(path, work) == [1, 2, 3]
+    engine.dispose()
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_a_wait_for_a_turn_that_is_interrupted_leaves_the_turns_as_they_were(path: Path, work: sa.Table) -> None:
+    engine = new_engine(path)
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise Interrupted
+
+    before = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with turn_held_elsewhere(path):
+            signal.setitimer(signal.ITIMER_REAL, 0.3)
+            with pytest.raises(Interrupted):
+                dibs.claim(engine, work, where=work.c.status == "ready", set={"status": "taken"})
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    # The interrupted thread let go of what it had taken: the next write takes its turn at once.
+    started = time.monotonic()
+    assert len(dibs.claim(engine, work, where=work.c.status == "ready", set={"status": "taken"}, limit=10)) == 3
+    assert time.monotonic() - started < 5
+    engine.dispose()
+
+
+def test_a_lock_file_replaced_under_an_engine_is_opened_anew(
+    path: Path, work: sa.Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(turns, "PLACE_CHECK", 0.0)
+    engine = new_engine(path, timeout=0.2)
+    assert len(dibs.claim(engine, work, where=work.c.id == 1, set={"status": "taken"})) == 1  # the file opened
+    Path(f"{path}{SUFFIX}").unlink()
+    # The turn held on a new lock file, which the engine has not opened.
+    with turn_held_elsewhere(path), pytest.raises(dibs.Busy, match="kept its turn"):
+        dibs.claim(engine, work, where=work.c.id == 2, set={"status": "taken"})
+    assert ready_ids(path, work) == [2, 3]
+    assert len(dibs.claim(engine, work, where=work.c.id == 2, set={"status": "taken"})) == 1
+    engine.dispose()
+
+
+def lock_files_open(path: Path) -> int:
+    target = f"{path}{SUFFIX}"
+    return sum(1 for fd in os.listdir("/proc/self/fd") if os.path.realpath(f"/proc/self/fd/{fd}") == target)
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts open files in /proc")
+def test_an_engine_let_go_leaves_no_lock_file_open_and_no_thread_behind(
+    path: Path, work: sa.Table, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(turns, "HELPER_IDLE", 0.1)
+    engine = new_engine(path, timeout=0.2)
+    before = set(threading.enumerate())
+    with turn_held_elsewhere(path), pytest.raises(dibs.Busy):  # the helper thread starts, to wait in flock
+        dibs.claim(engine, work, where=work.c.id == 1, set={"status": "taken"})
+    helpers = [thread for thread in set(threading.enumerate()) - before if thread.name == "dibs-sqlite-turns"]
+    assert len(helpers) == 1
+    assert lock_files_open(path) == 1
+    engine.dispose()
+    del engine
+    deadline = time.monotonic() + 10
+    while helpers[0].is_alive() or lock_files_open(path):
+        assert time.monotonic() < deadline, "a helper thread or the lock file was kept"
+        gc.collect()
+        time.sleep(0.05)
+
+
+# Forking a process with threads: Python 3.12 and later warn that the child may deadlock, which this test
+# is about (the child must not inherit the parent's turn).
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")
 def test_a_forked_child_takes_turns_of_its_own(path: Path, work: sa.Table) -> None:
     engine = new_engine(path, timeout=0.2)
     assert dibs.claim(engine, work, where=work.c.id == 0, set={"status": "taken"}) == []  # turns taken before
