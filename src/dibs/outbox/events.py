@@ -11,7 +11,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 import sqlalchemy as sa
@@ -56,29 +56,58 @@ class OutboxEvent:
     @classmethod
     def from_row(cls, row: Row[Any], *, status: str | None = None) -> OutboxEvent:
         """The event a row of the outbox table holds (all its columns, or those a claim returns)."""
-        values = row._mapping
-        names = values.keys()
-        optional = {
-            name: values[name]
-            for name in ("status", "retry_count", "attempts", "last_error")
-            if name in names and values[name] is not None
-        }
-        for name in ("next_attempt_at", "published_at"):
-            if name in names:
-                optional[name] = aware(values[name])
-        if status is not None:
-            optional["status"] = status
-        return cls(
-            id=values["id"],
-            target=values["target"],
-            aggregate_type=values["aggregate_type"],
-            aggregate_id=values["aggregate_id"],
-            event_type=values["event_type"],
-            payload_json=values["payload"],
-            headers=json.loads(values["headers"]) if values["headers"] else {},
-            created_at=aware(values["created_at"]),
-            **optional,
-        )
+        return cls.from_rows([row], status=status)[0]
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Row[Any]], *, status: str | None = None) -> list[OutboxEvent]:
+        """The events rows of one query hold (rows of the same columns: where each field is, is worked out
+        once, from the first)."""
+        if not rows:
+            return []
+        required, optional_at, times_at = _layout(rows[0]._fields)
+        events = []
+        for row in rows:
+            event_id, target, aggregate_type, aggregate_id, event_type, payload, headers, created_at = (
+                row[position] for position in required
+            )
+            optional = {name: row[position] for name, position in optional_at if row[position] is not None}
+            for name, position in times_at:
+                optional[name] = aware(row[position])
+            if status is not None:
+                optional["status"] = status
+            events.append(
+                cls(
+                    id=event_id,
+                    target=target,
+                    aggregate_type=aggregate_type,
+                    aggregate_id=aggregate_id,
+                    event_type=event_type,
+                    payload_json=payload,
+                    headers=json.loads(headers) if headers else {},
+                    created_at=aware(created_at),
+                    **optional,
+                )
+            )
+        return events
+
+
+_REQUIRED = ("id", "target", "aggregate_type", "aggregate_id", "event_type", "payload", "headers", "created_at")
+_OPTIONAL = ("status", "retry_count", "attempts", "last_error")
+_TIMES = ("next_attempt_at", "published_at")
+
+
+@lru_cache(maxsize=64)
+def _layout(
+    fields: tuple[str, ...],
+) -> tuple[tuple[int, ...], tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]:
+    """Where a row with these columns holds each of an event's fields: the required ones' positions, and the
+    optional ones and times it has, by name and position."""
+    position = {name: at for at, name in enumerate(fields)}
+    return (
+        tuple(position[name] for name in _REQUIRED),
+        tuple((name, position[name]) for name in _OPTIONAL if name in position),
+        tuple((name, position[name]) for name in _TIMES if name in position),
+    )
 
 
 def new_event(

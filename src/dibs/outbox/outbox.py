@@ -242,7 +242,7 @@ class Outbox:
         if aggregate_id is not None:
             query = query.where(outbox.c.aggregate_id == str(aggregate_id))
         with connected(self.engine) as conn:
-            return [OutboxEvent.from_row(row) for row in conn.execute(query)]
+            return OutboxEvent.from_rows(conn.execute(query).all())
 
     def status(self) -> list[OutboxStatus]:
         """Per target: events per state, the oldest pending event's wait, and recent throughput."""

@@ -268,7 +268,7 @@ class Relay:
                 await self._sleep(self._outage_wait)
 
     async def _publish(self, held: list[Lease]) -> None:
-        events = [OutboxEvent.from_row(lease.row, status=PROCESSING) for lease in held]
+        events = OutboxEvent.from_rows([lease.row for lease in held], status=PROCESSING)
         try:
             outcomes: Sequence[BaseException | None] = await self.publisher.publish(events)
             if len(outcomes) != len(events):

@@ -5,10 +5,16 @@ target, aggregate_type and event_type (default ``dibs.{aggregate_type}``); ``max
 to about that many entries. Other options go to redis-py. Each entry's fields are ``id`` (the event id,
 for consumers to drop duplicates), ``aggregate_type``, ``aggregate_id``, ``event_type``, ``payload``
 (JSON), ``headers`` (JSON) and ``created_at`` (ISO 8601). Entries of one aggregate are added in order.
+
+The batch goes out on redis-py's blocking client, in a thread, rather than on its asyncio client: the
+blocking client packs commands with hiredis (installed with ``dibs[redis]``) and reads the replies of a
+pipeline from one buffer, where the asyncio client packs each command in Python and reads each reply
+under a timeout of its own. Publishing 50,000 events, that was 60% of the relay's CPU.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -21,10 +27,10 @@ from dibs.outbox.publishers.base import BrokerUnavailable, Publisher, Template, 
 class RedisStreams(Publisher):
     def __init__(self, url: str) -> None:
         try:
-            import redis.asyncio as redis
+            import redis
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise InvalidArgument("publishing to Redis needs redis-py: pip install 'dibs[redis]'") from exc
-        self._redis_module = redis
+        self._unreachable = (redis.ConnectionError, redis.TimeoutError, OSError)
         client_url, options = split_options(url, {"stream": "dibs.{aggregate_type}", "maxlen": None})
         self.stream = Template(options["stream"], "stream name")
         self.maxlen = whole_option(options, "maxlen", url)
@@ -36,11 +42,14 @@ class RedisStreams(Publisher):
 
     async def connect(self) -> None:
         try:
-            await self._client.ping()
-        except (self._redis_module.ConnectionError, self._redis_module.TimeoutError, OSError) as exc:
+            await asyncio.to_thread(self._client.ping)
+        except self._unreachable as exc:
             raise BrokerUnavailable(f"cannot reach Redis at {self.description}: {exc}") from exc
 
     async def publish(self, events: Sequence[OutboxEvent]) -> list[BaseException | None]:
+        return await asyncio.to_thread(self._publish, events)
+
+    def _publish(self, events: Sequence[OutboxEvent]) -> list[BaseException | None]:
         pipeline = self._client.pipeline(transaction=False)
         for event in events:
             fields = {
@@ -54,10 +63,10 @@ class RedisStreams(Publisher):
             }
             pipeline.xadd(self.stream(event), fields, maxlen=self.maxlen, approximate=True)
         try:
-            replies = await pipeline.execute(raise_on_error=False)
-        except (self._redis_module.ConnectionError, self._redis_module.TimeoutError, OSError) as exc:
+            replies = pipeline.execute(raise_on_error=False)
+        except self._unreachable as exc:
             raise BrokerUnavailable(f"lost Redis at {self.description}: {exc}") from exc
         return [reply if isinstance(reply, BaseException) else None for reply in replies]
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await asyncio.to_thread(self._client.close)
