@@ -12,6 +12,8 @@ import gc
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -344,4 +346,22 @@ def test_without_a_lock_file_writers_wait_on_sqlite_alone(
         assert [row.id for row in rows] == [1, 2, 3]
     assert "could not take turns" in caplog.text
     assert not (path.parent / "missing").exists()
+    engine.dispose()
+
+
+def test_no_turns_under_gevents_green_threads(path: Path) -> None:
+    # The helper's wait in flock would stop every greenlet, the one holding the turn too.
+    program = (
+        "from gevent import monkey; monkey.patch_all()\n"
+        "import sys, dibs\n"
+        "from dibs.dialects.turns import turns_of\n"
+        "engine = dibs.create_engine(sys.argv[1])\n"
+        "print('turns' if turns_of(engine) is not None else 'none')\n"
+    )
+    ran = subprocess.run(
+        [sys.executable, "-c", program, f"sqlite:///{path}"], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert ran.stdout.strip() == "none", ran.stderr
+    engine = new_engine(path)
+    assert turns_of(engine) is not None  # without gevent, turns
     engine.dispose()

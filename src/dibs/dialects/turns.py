@@ -24,8 +24,9 @@ to the next thread that asks, or is let go at once. The helper ends after a few 
 Writers other than dibs's (an application's own transactions) meet SQLite's lock and busy handler as
 before. There are no turns (only SQLite's busy handler, as before) where there is no ``flock`` (Windows,
 some network file systems), for a database in memory or named by a URI, on an asyncio engine (a wait
-would block its event loop), and when the lock file cannot be created. The lock file must stay while
-dibs's processes run: one that was replaced is opened anew.
+would block its event loop), where gevent or eventlet made threads green (the same), and when the lock
+file cannot be created. The lock file must stay while dibs's processes run: one that was replaced is
+opened anew.
 """
 
 from __future__ import annotations
@@ -301,10 +302,22 @@ def take_turns(engine: Engine) -> bool:
     database = engine.url.database
     if sys.platform == "win32" or engine.dialect.is_async or not database or database == ":memory:":
         return False
+    if _green_threads():
+        return False
     if database.startswith("file:") or engine.url.query.get("uri"):
         return False
     _TURNS[engine.dialect] = Turns(os.path.realpath(database) + SUFFIX)
     return True
+
+
+def _green_threads() -> bool:
+    """Whether gevent or eventlet made threads green: the helper's wait in flock would then stop every
+    greenlet of the process, the one holding the turn too."""
+    gevent = sys.modules.get("gevent.monkey")
+    if gevent is not None and gevent.is_module_patched("threading"):
+        return True
+    eventlet = sys.modules.get("eventlet.patcher")
+    return bool(eventlet is not None and eventlet.is_monkey_patched("thread"))
 
 
 def turns_of(engine: Engine) -> Turns | None:
