@@ -20,7 +20,8 @@ published). Second copies of an event are counted and reported as duplicates. St
   everything else at its default (lease 30 s, poll 1 s, LISTEN/NOTIFY on, ``block`` policy). The claim,
   publish and mark-published steps are timed by wrapping them on the relay's instances (a clock pair per
   batch, nothing per event).
-* ``raw``: the floor, the same work on psycopg 3 and redis-py with no dibs code, one batch at a time per
+* ``raw``: the floor, the same work on psycopg 3 and redis-py's blocking client (which packs commands with
+  hiredis, as dibs's publisher does) with no dibs code, one batch at a time per
   process: one claim statement (a MATERIALIZED CTE of pending events with no older unfinished event of
   their aggregate and none of it being published, ORDER BY id LIMIT B FOR UPDATE SKIP LOCKED; then
   UPDATE ... SET status = 'processing' ... RETURNING), one pipelined XADD per batch with the fields dibs
