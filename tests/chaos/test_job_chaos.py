@@ -63,16 +63,11 @@ def test_workers_killed_at_random_points_lose_nothing_and_keep_each_keys_order(f
     assert report.duplicates == 0 or report.explained["crash"] + report.explained["expiry"] > 0
 
 
-def test_sigterm_releases_unstarted_jobs_at_once_and_lets_running_ones_finish(fleet: Fleet) -> None:
+def test_sigterm_lets_running_jobs_finish_and_leaves_no_claimed_job_unstarted(fleet: Fleet) -> None:
     fleet.enqueue("chaos.work", [{"n": n, "ms": 400} for n in range(40)])
+    # A batch larger than its runners: still, every job it claims starts at once.
     first = fleet.spawn("w1", concurrency=2, batch=8, lease=1.5, grace=10)
-    fleet.wait_for(
-        lambda: (
-            len(of(fleet.events(), "started", first.actor)) >= 2
-            and len(of(fleet.events(), "claimed", first.actor)) >= 6
-        ),
-        what="the first worker to run two jobs with more claimed",
-    )
+    fleet.wait_for(lambda: len(of(fleet.events(), "started", first.actor)) >= 4, what="the first worker to run jobs")
     fleet.terminate(first)
     assert first.process.wait(30) == 0, "a worker stopped by SIGTERM should exit cleanly"
     fleet.spawn("w2", concurrency=4, lease=1.5)
@@ -82,22 +77,20 @@ def test_sigterm_releases_unstarted_jobs_at_once_and_lets_running_ones_finish(fl
 
     events = fleet.events()
     (terminated,) = of(events, "fault", "harness", fault="terminated")
+    claimed = {(event.subject, event.token): event for event in of(events, "claimed", first.actor)}
+    started = {(event.subject, event.token) for event in of(events, "started", first.actor)}
     released = of(events, "released", first.actor)
-    assert released, "the terminated worker released nothing"
-    assert all(event.get("changed") is True for event in released)
-    claims = {(event.subject, event.token): event for event in of(events, "claimed", first.actor)}
-    for event in released:
-        # At once: before the lease the claim gave would have expired, and so before anyone could recover it.
-        assert event.at < claims[(event.subject, event.token)].get("expires_at")
-        assert event.at >= terminated.at
-    started = of(events, "started", first.actor)
     done = {(event.subject, event.token) for event in of(events, "completed", first.actor, changed=True)}
-    assert started
-    assert {(event.subject, event.token) for event in started} <= done, "a running job did not finish"
-    assert not {(event.subject, event.token) for event in released} & {(e.subject, e.token) for e in started}
+    assert started <= done, "a running job did not finish"
+    # A claim that came back as the worker stopped is given back at once, before its lease would have
+    # expired; every other job it claimed, it ran.
+    for event in released:
+        assert event.get("changed") is True
+        assert terminated.at <= event.at < claimed[(event.subject, event.token)].get("expires_at")
+    assert set(claimed) == started | {(event.subject, event.token) for event in released}
+    assert not started & {(event.subject, event.token) for event in released}
     assert report.duplicates == 0
-    assert set(report.explained) == {"release"}
-    assert report.explained["release"] == len(released)
+    assert report.explained.get("release", 0) == len(released)
 
 
 def test_a_zombie_worker_past_its_lease_changes_nothing_when_it_wakes(fleet: Fleet) -> None:

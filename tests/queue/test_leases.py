@@ -188,7 +188,68 @@ def test_a_killed_workers_jobs_run_again_and_none_is_lost(
         app.engine.dispose()
 
 
-def test_sigterm_finishes_running_jobs_and_releases_the_rest_at_once(
+def started_runs(qdb: QueueDatabase) -> Counter[int]:
+    return Counter(job for job, event in run_events(qdb.engine) if event == "started")
+
+
+def kill_once_started(qdb: QueueDatabase, process: subprocess.Popen[bytes], log: Path, job_id: int, runs: int) -> None:
+    """SIGKILL the worker process once job ``job_id`` has started for the ``runs``-th time."""
+    wait_until(
+        lambda: started_runs(qdb)[job_id] >= runs or process.poll() is not None,
+        timeout=30,
+        what=f"job {job_id} to start (run {runs})",
+    )
+    assert process.poll() is None, log.read_text()
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(10) == -signal.SIGKILL
+
+
+def test_jobs_a_killed_worker_claimed_but_never_started_keep_their_attempt(
+    qdb: QueueDatabase, spawn: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    app = build_app(qdb.url.render_as_string(False))
+    try:
+        first, *rest = app.enqueue_many("tests.nap", [{"seconds": 60}] + [{"seconds": 0.01}] * 5, max_attempts=1)
+        log = tmp_path / "worker.log"
+        # A batch that would take every job at once, and one runner: only the job it runs may be claimed.
+        start_worker(qdb, spawn, log, "--concurrency", "1", "--batch", "6", "--lease", "1")
+        kill_once_started(qdb, spawn[0], log, first.id, runs=1)
+
+        qdb.drain(app, concurrency=2, lease=1)  # recovers the killed worker's lease when it expires
+
+        starts = started_runs(qdb)
+        for job in rest:
+            row = app.get(job.id)
+            assert (row.status, row.attempts, starts[job.id]) == ("succeeded", 1, 1), (
+                f"job {job.id}, claimed but never started by the killed worker, lost its only attempt"
+            )
+        killed = app.get(first.id)
+        assert (killed.status, killed.attempts, starts[first.id]) == ("dead", 1, 1)
+        assert "stopped renewing its lease" in (killed.last_error or "")
+    finally:
+        app.engine.dispose()
+
+
+def test_a_job_whose_worker_dies_while_it_runs_counts_that_run(
+    qdb: QueueDatabase, spawn: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    app = build_app(qdb.url.render_as_string(False))
+    try:
+        (job,) = app.enqueue_many("tests.nap", [{"seconds": 60}], max_attempts=2)
+        for run in (1, 2):
+            log = tmp_path / f"worker-{run}.log"
+            start_worker(qdb, spawn, log, "--concurrency", "2", "--lease", "1")
+            kill_once_started(qdb, spawn[-1], log, job.id, runs=run)
+
+        # Both runs were counted: the recovery buries the job instead of running it a third time.
+        wait_until(lambda: app.store.recover_expired(app.engine) == (0, 1), timeout=10, what="the lease to expire")
+        row = app.get(job.id)
+        assert (row.status, row.attempts, started_runs(qdb)[job.id]) == ("dead", 2, 2)
+    finally:
+        app.engine.dispose()
+
+
+def test_sigterm_finishes_running_jobs_and_leaves_the_rest_queued(
     qdb: QueueDatabase, spawn: list[subprocess.Popen[bytes]], tmp_path: Path
 ) -> None:
     app = build_app(qdb.url.render_as_string(False))
@@ -204,7 +265,7 @@ def test_sigterm_finishes_running_jobs_and_releases_the_rest_at_once(
         )
         assert process.poll() is None, log.read_text()
         claimed = {row.id for row in job_rows(qdb.engine, jobs.c.status == "running")}
-        assert len(claimed) >= 4  # two running and more waiting in the worker's buffer
+        assert len(claimed) == 2, "a worker with two runners claimed more jobs than it could start"
         process.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         assert process.wait(grace + 5) == 0, log.read_text()
@@ -221,9 +282,37 @@ def test_sigterm_finishes_running_jobs_and_releases_the_rest_at_once(
                 assert (row.status, row.attempts) == ("succeeded", 1)
             else:
                 assert (row.status, row.lease_owner, row.lease_expires_at, row.attempts) == ("queued", None, None, 0)
-        assert len(started) < len(claimed), "every claimed job ran: nothing was left to release"
+        assert claimed <= started
     finally:
         app.engine.dispose()
+
+
+def test_jobs_of_a_claim_that_returns_as_the_worker_stops_are_given_back_with_no_attempt_spent(
+    qdb: QueueDatabase,
+) -> None:
+    app = qdb.app()
+    ran: list[int] = []
+
+    @app.task(name="tests.note")
+    def note(n: int) -> None:
+        ran.append(n)
+
+    enqueued = app.enqueue_many(note, [{"n": n} for n in range(5)])
+    worker = qdb.worker(app, concurrency=5, lease=60)
+    claim = app.store.claim
+
+    def stopped_while_claiming(*args: Any, **options: Any) -> list[dibs.Lease]:
+        claimed = claim(*args, **options)
+        worker.stop()
+        return claimed
+
+    app.store.claim = stopped_while_claiming  # type: ignore[method-assign]
+    stats = worker.run()
+
+    assert (stats.claimed, stats.released, ran) == (0, 5, [])
+    for job in enqueued:
+        row = app.get(job.id)
+        assert (row.status, row.attempts, row.lease_owner) == ("queued", 0, None)
 
 
 def test_a_claimed_jobs_row_holds_what_the_worker_reads_where_it_reads_it(qdb: QueueDatabase) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import statistics
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -467,14 +468,8 @@ def test_a_burst_worker_waits_for_a_job_running_elsewhere_and_ends_soon_after_it
     assert waited < 1.2, f"the burst worker took {waited:.2f} s to end after the last job did"
 
 
-def test_quick_jobs_are_claimed_in_full_batches(qdb: QueueDatabase) -> None:
-    app = qdb.app()
-
-    @app.task(name="quick.step")
-    async def step() -> None:
-        return None
-
-    app.enqueue_many(step, [{}] * 60)
+def recorded_claims(app: dibs.App) -> list[int]:
+    """The limit of every claim the app's workers make from now on."""
     asked: list[int] = []
     claim = app.store.claim
 
@@ -483,13 +478,49 @@ def test_quick_jobs_are_claimed_in_full_batches(qdb: QueueDatabase) -> None:
         return claim(*args, **options)
 
     app.store.claim = recorded  # type: ignore[method-assign]
-    stats = qdb.drain(app, concurrency=2, batch=20)
+    return asked
 
-    assert stats.succeeded == 60
-    # With jobs waiting in the worker, a claim waits until half a batch fits: never the sliver of room
-    # left the moment a batch came back.
+
+def test_a_claim_takes_no_more_jobs_than_the_worker_has_idle_runners(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+    running = 0
+    most = 0
+
+    @app.task(name="quick.nap")
+    async def nap() -> None:
+        nonlocal running, most
+        running += 1
+        most = max(most, running)
+        await asyncio.sleep(0.01)
+        running -= 1
+
+    app.enqueue_many(nap, [{}] * 30)
+    asked = recorded_claims(app)
+    stats = qdb.drain(app, concurrency=3, batch=20)
+
+    assert stats.succeeded == 30
+    # A claimed job counts an attempt: one that waited in the worker behind others would lose it if the
+    # worker died before starting it.
     assert asked, "the worker never claimed"
-    assert min(asked) >= 20 // 2, asked
+    assert max(asked) <= 3, asked
+    assert most == 3
+
+
+def test_quick_jobs_are_claimed_in_full_batches(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+
+    @app.task(name="quick.step")
+    async def step() -> None:
+        return None
+
+    app.enqueue_many(step, [{}] * 100)
+    asked = recorded_claims(app)
+    stats = qdb.drain(app, concurrency=40, batch=20)
+
+    assert stats.succeeded == 100
+    # With twice the batch in runners, a batch's worth of them is idle again by the time a claim returns.
+    assert max(asked) == 20
+    assert statistics.median(asked) == 20, asked
 
 
 def test_a_burst_worker_stops_when_only_jobs_of_tags_it_lacks_are_left(qdb: QueueDatabase) -> None:

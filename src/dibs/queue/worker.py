@@ -4,9 +4,11 @@ One asyncio loop runs everything. Database calls go to threads of their own, one
 default, so that a claim need not wait behind a completion; one on SQLite), async task functions run on
 the loop, sync ones in a thread pool.
 
-* fetching: a batch is claimed into a local buffer whenever the buffer runs low; when nothing is
-  runnable the worker waits for a PostgreSQL notification or polls, backing off while idle;
-* running: ``concurrency`` runners take jobs from the buffer;
+* fetching: a claim takes at most as many jobs as there are idle runners, so every job claimed starts
+  at once (a claim counts an attempt: a job must not lose one waiting behind others in a worker that
+  then dies); when nothing is runnable the worker waits for a PostgreSQL notification or polls,
+  backing off while idle;
+* running: ``concurrency`` runners each take the next claimed job;
 * finishing: successes are written in batches, each as one token-fenced statement; failures are
   retried with backoff or buried as dead, one by one;
 * heartbeats renew the leases of every job held, and learn which running jobs were cancelled;
@@ -135,9 +137,12 @@ class Worker:
 
     ``queues``: the queues to take jobs from (default: every queue of the app). ``tags``: the
     version/capability tags this worker has; it takes jobs with no tag or one of these.
-    ``concurrency``: jobs run at once. ``batch``: most jobs claimed per round trip (default: twice
-    the concurrency). ``lease``: seconds a claim is held before another worker may take the job over;
-    renewed every ``heartbeat`` seconds. ``poll``: the longest wait between looks for work when idle.
+    ``concurrency``: jobs run at once. ``batch``: most jobs claimed per round trip (default: the
+    concurrency); a claim never takes more jobs than there are idle runners, so that each claimed job
+    starts at once and no attempt is counted for a job that waits (for fast jobs, a concurrency of twice
+    the batch keeps a claim in flight while the last batch runs). ``lease``: seconds a claim is held
+    before another worker may take the job over; renewed every ``heartbeat`` seconds. ``poll``: the
+    longest wait between looks for work when idle.
     ``grace``: seconds running jobs get to finish at shutdown. ``retention``: purge finished jobs older
     than this. ``metrics_port``: serve Prometheus metrics on this port. ``connections``: the database
     connections the worker holds for its statements, 1 or 2, besides the one a PostgreSQL worker listens
@@ -201,7 +206,7 @@ class Worker:
         if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
             raise InvalidArgument(f"grace must be a number of seconds >= 0, got {grace!r}")
         self.concurrency = concurrency
-        self.batch = batch or 2 * concurrency
+        self.batch = batch or concurrency
         self.lease_seconds = float(lease)
         self.heartbeat_seconds = float(heartbeat) if heartbeat is not None else self.lease_seconds / 3
         if isinstance(heartbeat, bool) or not 0 < self.heartbeat_seconds < self.lease_seconds:
@@ -229,7 +234,8 @@ class Worker:
         self._hurry = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
-        self._buffer: deque[Lease] = deque()  # claimed, not started
+        self._buffer: deque[Lease] = deque()  # claimed, each with an idle runner about to take it
+        self._busy = 0  # runners running a job or writing its outcome
         self._work: asyncio.Event | None = None  # set when the buffer gets jobs, or at shutdown
         self._closing = False
         self._held: dict[tuple[Any, ...], Lease] = {}  # claimed and not yet finished
@@ -347,11 +353,11 @@ class Worker:
             # Cleared before the state is looked at (not when a wait begins): a notification or a finished
             # job that comes while a claim runs still cuts the wait after it short.
             self._wake.clear()
-            if not self._claim_due():
-                # Enough work in hand: wait until the runners take some of it.
+            idle = self._idle_runners()
+            if idle == 0:
+                # Every runner has a job: wait until one ends.
                 await self._sleep(self.poll_seconds)
                 continue
-            room = self.concurrency + self.batch - len(self._buffer) - len(self._running)
             started = time.perf_counter()
             try:
                 claimed = await self._call(
@@ -359,7 +365,7 @@ class Worker:
                     self.app.engine,
                     owner=self.name,
                     lease_seconds=self.lease_seconds,
-                    limit=min(room, self.batch),
+                    limit=min(idle, self.batch),
                     queues=self.queues,
                     tasks=self.task_names,
                     tags=self.tags,
@@ -399,18 +405,11 @@ class Worker:
             await self._sleep(idle_wait)
             idle_wait = min(idle_wait * 2, self.poll_seconds)
 
-    def _claim_due(self) -> bool:
-        """Whether the worker has room for a claim worth its statement. Jobs waiting to run or running
-        count; finished ones whose success is being written don't, so the next claim overlaps with that
-        write. With a round of runners' worth of jobs waiting, a claim waits until half a batch fits:
-        claiming the moment a batch came back took the sliver of room left (200 of 1,000), a statement
-        for little; waiting until the buffer ran low left the runners idle while the claim ran, and a
-        worker offered 8,000 jobs/s fell behind."""
-        waiting = len(self._buffer)
-        room = self.concurrency + self.batch - waiting - len(self._running)
-        if room < min(self.batch, self.concurrency):
-            return False
-        return waiting < self.concurrency or room >= self.batch // 2
+    def _idle_runners(self) -> int:
+        """How many jobs a claim may take now: one for each runner with no job, less the jobs already
+        claimed for them. Only jobs a runner takes at once are claimed, so a worker that dies leaves no
+        claimed job that had not started with an attempt counted against it."""
+        return self.concurrency - self._busy - len(self._buffer)
 
     async def _quietly(self, check: Callable[[], Awaitable[T]]) -> T | None:
         """``await check()``, or None when the database fails it (logged)."""
@@ -487,12 +486,7 @@ class Worker:
                 self._work.clear()
                 await self._work.wait()
             lease = self._buffer.popleft()
-            if len(self._buffer) < self.concurrency and self._wake is not None and not self._wake.is_set():
-                self._wake.set()
-                # Let the fetcher send its next claim now, to the database threads: it then runs while this
-                # runner works through the rest of the buffer. Jobs that never await would otherwise keep
-                # the loop until the buffer is empty, and the claim would only start after the last of them.
-                await asyncio.sleep(0)
+            self._busy += 1
             try:
                 await self._run(lease, me)
             except Exception as error:
@@ -500,13 +494,23 @@ class Worker:
                 # the job runs again once it expires: at least once, never lost.
                 self._held.pop(lease.key, None)
                 log.warning("could not record the outcome of job %s; it will run again: %s", lease.key[0], error)
+            finally:
+                self._busy -= 1
+            # This runner is idle again: the fetcher may claim a job for it.
+            self._wake_up()
 
     async def _run(self, lease: Lease, runner: asyncio.Task[Any] | None) -> None:
         if self._held.get(lease.key) is not lease:
             return  # its lease was lost while it waited in the buffer
         row = lease.row
         job_id: int = row[ID_AT]
-        task = self.app.tasks[row[TASK_AT]]
+        task = self.app.tasks.get(row[TASK_AT])
+        if task is None:
+            # The claim takes only this app's tasks by exact name; a database that compares names loosely
+            # (a table not yet upgraded) must not make this worker run, or bury, another app's job.
+            log.error("job %s is of task %r, which this worker does not have: given back", job_id, row[TASK_AT])
+            await self._release([lease])
+            return
         raw = row[ARGS_AT]
         args = {} if raw == "{}" else _decoded(raw)
         if isinstance(args, str):  # not arguments at all: written by something other than enqueue
@@ -609,10 +613,6 @@ class Worker:
     async def _failed(self, running: _Running, error: BaseException, formatted: str) -> None:
         lease, task = running.lease, running.task
         self._held.pop(lease.key, None)
-        if self._claim_due():
-            # Room for a claim came from a job that ended without a success to write (whose flush would
-            # have woken the fetcher).
-            self._wake_up()
         reason = running.context.stop_reason
         if reason == "lease lost":
             self.stats.lost += 1
