@@ -7,7 +7,10 @@ The README keeps these conventions, and this test holds it to them:
   ``python`` in a fresh, empty directory, without ``$DIBS_DATABASE_URL`` (the default database is then the
   file ``dibs.sqlite`` there), and fails when it exits non-zero or emits a warning a reader would see by
   default (dibs's warnings are ``UserWarning``\\s; a ``RuntimeWarning`` too). Its traceback's line numbers
-  are README.md's. A block that starts a worker or a relay makes it end (``burst=True``).
+  are README.md's. A block that starts a worker or a relay makes it end (``burst=True``). Examples use
+  SQLite files, dibs's embedded default: the calls are the same on every database, and the rest of the
+  suite makes them on PostgreSQL and MariaDB. Brokers (Redis, NATS, RabbitMQ) are used at their default
+  local ports.
 - A shell block is read line by line (``\\`` joins lines, ``;`` separates commands, ``#`` starts a
   comment) in a fresh directory where ``dibs init`` has made the default database, as a reader has done:
 
@@ -269,3 +272,36 @@ def test_shell_block_runs_or_parses_as_written(block: Block, tmp_path: Path) -> 
                 pytrace=False,
             )
     print("\n".join(only_parsed))
+
+
+SAMPLE = """\
+# Title
+
+## First part
+
+<!-- not run: needs a thing -->
+```python
+print(1)
+```
+
+- a list item:
+
+  ~~~sh
+  dibs init  # makes tables; not a second command
+  dibs jobs list --status dead ; dibs status \\
+    --help
+  ~~~
+"""
+
+
+def test_blocks_are_read_with_their_section_line_marker_and_commands() -> None:
+    first, second = readme_blocks(SAMPLE)
+    assert (first.section, first.line, first.language, first.code) == ("First part", 6, "python", "print(1)\n")
+    assert first.not_run == "needs a thing"
+    assert first.id == "first-part-L6"
+    assert (second.line, second.language, second.not_run) == (12, "sh", None)
+    assert shell_commands(second) == [
+        (13, ["dibs", "init"]),
+        (14, ["dibs", "jobs", "list", "--status", "dead"]),
+        (14, ["dibs", "status", "--help"]),
+    ]
