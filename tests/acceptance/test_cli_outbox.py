@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -115,6 +116,16 @@ def test_relay_inspect_requeue_and_purge(database: str, tmp_path: Path, stream: 
     purged = run(database, tmp_path, "outbox", "purge")
     assert "purged 6 published events" in purged.stdout
     assert "no outbox events yet" in run(database, tmp_path, "outbox", "status").stdout
+
+
+def test_relay_help_says_what_max_retries_counts() -> None:
+    shown = subprocess.run(
+        [DIBS, "outbox", "relay", "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "Retries of a failed publish before the event is abandoned: at most N+1 publishes per event." in " ".join(
+        shown.stdout.split()
+    )
 
 
 def test_bad_publisher_and_unreachable_broker_change_nothing(database: str, tmp_path: Path) -> None:
