@@ -92,6 +92,10 @@ def test_relay_inspect_requeue_and_purge(database: str, tmp_path: Path, stream: 
     assert "0 published" in refused.stdout
     # Under the default block policy only each aggregate's head was tried: three aggregates, three heads.
     assert "3 abandoned" in refused.stdout
+    # One line for the batch, not one per event, and no line per HTTP request.
+    assert "HTTP Request" not in refused.stderr
+    assert refused.stderr.count("abandoned after") == 1, refused.stderr
+    assert "3 events abandoned after 1 failed publish (max_retries=0 allows the first publish" in refused.stderr
     abandoned = run(database, tmp_path, "outbox", "list", "--status", "abandoned")
     assert abandoned.stdout.count("order.placed") == 3
     assert "501" in abandoned.stdout
