@@ -319,7 +319,12 @@ if click is not None:
     @click.option("--concurrency", "-c", default=1, show_default=True, help="Batches in flight at once.")
     @click.option("--lease", default=30.0, show_default=True, help="Seconds a claim is held (renewed by heartbeats).")
     @click.option("--grace", default=10.0, show_default=True, help="Seconds batches in flight get at shutdown.")
-    @click.option("--max-retries", default=10, show_default=True, help="Failed publishes before an event is abandoned.")
+    @click.option(
+        "--max-retries",
+        default=10,
+        show_default=True,
+        help="Retries of a failed publish before the event is abandoned: at most N+1 publishes per event.",
+    )
     @click.option(
         "--on-failed-head",
         type=click.Choice(["block", "skip"]),

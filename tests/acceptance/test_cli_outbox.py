@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -91,6 +92,10 @@ def test_relay_inspect_requeue_and_purge(database: str, tmp_path: Path, stream: 
     assert "0 published" in refused.stdout
     # Under the default block policy only each aggregate's head was tried: three aggregates, three heads.
     assert "3 abandoned" in refused.stdout
+    # One line for the batch, not one per event, and no line per HTTP request.
+    assert "HTTP Request" not in refused.stderr
+    assert refused.stderr.count("abandoned after") == 1, refused.stderr
+    assert "3 events abandoned after 1 failed publish (max_retries=0 allows the first publish" in refused.stderr
     abandoned = run(database, tmp_path, "outbox", "list", "--status", "abandoned")
     assert abandoned.stdout.count("order.placed") == 3
     assert "501" in abandoned.stdout
@@ -115,6 +120,16 @@ def test_relay_inspect_requeue_and_purge(database: str, tmp_path: Path, stream: 
     purged = run(database, tmp_path, "outbox", "purge")
     assert "purged 6 published events" in purged.stdout
     assert "no outbox events yet" in run(database, tmp_path, "outbox", "status").stdout
+
+
+def test_relay_help_says_what_max_retries_counts() -> None:
+    shown = subprocess.run(
+        [DIBS, "outbox", "relay", "--help"], capture_output=True, text=True, env={**os.environ, "COLUMNS": "200"}
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "Retries of a failed publish before the event is abandoned: at most N+1 publishes per event." in " ".join(
+        shown.stdout.split()
+    )
 
 
 def test_bad_publisher_and_unreachable_broker_change_nothing(database: str, tmp_path: Path) -> None:

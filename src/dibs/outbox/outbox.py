@@ -63,8 +63,10 @@ class Outbox:
 
     ``on_failed_head``: ``block`` (the default) holds an aggregate's later events while its oldest one
     fails and retries, and after it is abandoned until it is requeued; ``skip`` lets them go ahead.
-    ``max_retries``: failed publishes of one event before it is abandoned, its last error kept.
-    ``retry``: the backoff between them. ``notify``: wake PostgreSQL relays when events are added.
+    ``max_retries``: how many times a failed publish of one event is retried before the event is abandoned,
+    its last error kept: an event is published at most ``max_retries + 1`` times (``0``: abandoned at its
+    first failure). ``retry``: the backoff between the tries, and which errors are retried at all.
+    ``notify``: wake PostgreSQL relays when events are added.
     """
 
     def __init__(
@@ -334,7 +336,8 @@ class Outbox:
     # -- relays ------------------------------------------------------------------------------------
 
     def relay(self, publisher: Publisher | str, **options: Any) -> Relay:
-        """A relay publishing this outbox's events; options as for :class:`dibs.Relay`."""
+        """A relay publishing this outbox's events, each at most ``max_retries + 1`` times before it is abandoned;
+        options as for :class:`dibs.Relay`."""
         from dibs.outbox.relay import Relay
 
         return Relay(self, publisher, **options)

@@ -4,8 +4,9 @@ One asyncio loop runs everything; database calls go to threads of their own.
 
 * lanes: ``concurrency`` loops, each claiming a batch (the head of each aggregate only, so a batch holds
   at most one event per aggregate), publishing it, and marking what the broker confirmed published in
-  one token-fenced statement. Failed events are retried after a backoff, and abandoned after the
-  outbox's ``max_retries`` with their error kept;
+  one token-fenced statement. A failed publish is retried after a backoff, at most the outbox's
+  ``max_retries`` times (so an event is published at most ``max_retries + 1`` times); then the event
+  is abandoned with its error kept;
 * a broker that cannot be reached: the batch is given back unpublished at once, no retry counted, and
   the relay tries again, backing off, until the broker is back;
 * heartbeats renew the leases of the batches in flight; a relay that dies leaves its events to be
@@ -39,6 +40,7 @@ from dibs._signals import handle_stop_signals
 from dibs.dialects.base import Listener
 from dibs.lease import Lease
 from dibs.outbox.events import OutboxEvent
+from dibs.outbox.failures import sorted_failures
 from dibs.outbox.publishers import Publisher, publisher_for
 from dibs.schema import DEFAULT_TARGET, FAILED, PROCESSING, outbox, require_current
 
@@ -83,6 +85,10 @@ class Relay:
     another relay may take its events over; renewed every ``heartbeat`` seconds. ``poll``: the longest
     wait between looks for events when idle. ``grace``: seconds batches in flight get at shutdown.
     ``retention``: purge published events older than this.
+
+    A failed publish is retried up to the outbox's ``max_retries`` times, so an event is published at most
+    ``max_retries + 1`` times before it is abandoned. Logs (``dibs.relay``): start and stop at INFO, failures
+    at WARNING in one line per batch and kind of failure, each batch at DEBUG.
     """
 
     def __init__(
@@ -269,6 +275,7 @@ class Relay:
 
     async def _publish(self, held: list[Lease]) -> None:
         events = OutboxEvent.from_rows([lease.row for lease in held], status=PROCESSING)
+        started = time.perf_counter()
         try:
             outcomes: Sequence[BaseException | None] = await self.publisher.publish(events)
             if len(outcomes) != len(events):
@@ -287,6 +294,13 @@ class Relay:
             self._outage_wait = 0.0
         published = [lease for lease, outcome in zip(held, outcomes, strict=True) if outcome is None]
         failed = [(lease, outcome) for lease, outcome in zip(held, outcomes, strict=True) if outcome is not None]
+        log.debug(
+            "published %d of %d events to %s in %.0f ms",
+            len(published),
+            len(held),
+            self.publisher.description,
+            (time.perf_counter() - started) * 1000,
+        )
         if published:
             await self._record(published, "published", self._store.published)
         if failed:
@@ -308,27 +322,22 @@ class Relay:
             log.warning("event %s was %s, but its lease had been taken over: not recorded", lease.key[0], outcome)
 
     async def _failed(self, failed: list[tuple[Lease, BaseException]]) -> None:
-        """Retry each failed event after its backoff, or abandon it after its last retry; events failing
-        alike (same error, same retry) are written together."""
-        groups: dict[tuple[bool, int, str], list[Lease]] = {}
-        for lease, error in failed:
-            retries = lease.row._mapping["retry_count"] + 1
-            give_up = retries > self.outbox.max_retries or not self.outbox.retry.retries(error)
-            text = f"{type(error).__name__}: {error}"
-            groups.setdefault((give_up, retries, text), []).append(lease)
-        for (give_up, retries, text), leases in groups.items():
-            log.log(
-                logging.WARNING if give_up else logging.INFO,
-                "%d events %s after %d failed publishes: %s",
-                len(leases),
-                "abandoned" if give_up else "will be retried",
-                retries,
-                text,
-            )
-            if give_up:
-                await self._record(leases, "abandoned", self._store.abandon, text)
-            else:
-                await self._record(leases, "retried", self._store.failed, self.outbox.retry.delay(retries), text)
+        """Retry each failed event after its backoff, or abandon it; one log line per kind of failure, and one
+        write per error."""
+        max_retries = self.outbox.max_retries
+        groups = sorted_failures(
+            [(lease, lease.row._mapping["retry_count"], error) for lease, error in failed],
+            max_retries=max_retries,
+            retry=self.outbox.retry,
+        )
+        for group in groups:
+            log.warning("%s", group.describe(max_retries))
+            for text, leases in group.by_error.items():
+                if group.abandoned:
+                    await self._record(leases, "abandoned", self._store.abandon, text)
+                else:
+                    delay = self.outbox.retry.delay(group.failures)
+                    await self._record(leases, "retried", self._store.failed, delay, text)
 
     async def _give_back(self, held: list[Lease]) -> None:
         if not held:

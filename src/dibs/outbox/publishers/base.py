@@ -15,8 +15,10 @@ from __future__ import annotations
 import abc
 import contextlib
 import json
+import re
 import string
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -32,6 +34,7 @@ __all__ = [
     "redacted",
     "seconds_option",
     "split_options",
+    "token",
     "whole_option",
 ]
 
@@ -77,8 +80,32 @@ def envelope(event: OutboxEvent) -> str:
     )
 
 
+#: The characters a field's value keeps in a name; every other one is escaped.
+_TOKEN_SAFE = re.compile(r"[A-Za-z0-9_-]*")
+
+
+@lru_cache(maxsize=4096)
+def token(value: str) -> str:
+    """A field's value as one token of a name: letters, digits, ``_`` and ``-`` as they are, every other
+    character as ``%XX`` per byte of its UTF-8 form (``order line.*`` is ``order%20line%2E%2A``).
+
+    So a value never adds a level (``.``), a wildcard (``*``, ``>``, ``#``) or a space to a subject or routing
+    key, and two different values always make two different names (``%`` itself is escaped).
+    """
+    if _TOKEN_SAFE.fullmatch(value):
+        return value
+    return "".join(
+        char if char.isascii() and _TOKEN_SAFE.fullmatch(char) else "".join(f"%{byte:02X}" for byte in char.encode())
+        for char in value
+    )
+
+
 class Template:
-    """A name made from an event's fields, such as ``orders.{event_type}``; checked when it is made."""
+    """A name made from an event's fields, such as ``orders.{event_type}``; checked when it is made.
+
+    Each field's value goes in as one :func:`token`, escaped: the template's own text is the name's only
+    structure.
+    """
 
     def __init__(self, text: str, what: str) -> None:
         fields = [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
@@ -94,7 +121,9 @@ class Template:
     def __call__(self, event: OutboxEvent) -> str:
         if self.fixed:
             return self.text
-        return self.text.format(target=event.target, aggregate_type=event.aggregate_type, event_type=event.event_type)
+        return self.text.format(
+            target=token(event.target), aggregate_type=token(event.aggregate_type), event_type=token(event.event_type)
+        )
 
 
 def split_options(url: str, ours: Mapping[str, str | None]) -> tuple[str, dict[str, str]]:

@@ -1,7 +1,9 @@
 """NATS JetStream: each event is one JetStream publish, a batch sent at once, each waiting for its ack.
 
 ``nats://host:4222?subject=dibs.{aggregate_type}&stream=DIBS&timeout=10`` (``tls://`` for TLS): the
-subject may use the event's target, aggregate_type and event_type (default ``dibs.{aggregate_type}``).
+subject may use the event's target, aggregate_type and event_type (default ``dibs.{aggregate_type}``),
+each escaped into one token (:func:`~dibs.outbox.publishers.base.token`): aggregate type ``a.*`` is
+published on ``dibs.a%2E%2A``, never on a wildcard, another level or an invalid subject.
 With ``stream``, connecting creates that stream if it does not exist, over the subject's wildcard form
 (``dibs.>`` for the default; the subject itself when it has no fields); a stream that exists is left as
 it is. ``timeout`` is how long to wait for each ack, in seconds (default 10).

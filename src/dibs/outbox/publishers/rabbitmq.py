@@ -4,7 +4,9 @@
 (``amqps://`` for TLS): ``exchange`` is declared durable on connecting, of ``exchange_type`` (default
 ``topic``); an exchange that exists must have that type. Without ``exchange`` (or with ``exchange=``)
 messages go through the default exchange, so the routing key is a queue's name. The routing key may use
-the event's target, aggregate_type and event_type (default ``{aggregate_type}``). ``timeout`` is how long
+the event's target, aggregate_type and event_type (default ``{aggregate_type}``), each escaped into one
+word (:func:`~dibs.outbox.publishers.base.token`: ``order.placed`` is ``order%2Eplaced``), so that a
+value's ``.``, ``*`` or ``#`` never changes how a topic exchange routes it. ``timeout`` is how long
 to wait for each confirm, in seconds (default 10); connecting waits at most 5. Other options go to
 aio-pika (``heartbeat=``, ...).
 

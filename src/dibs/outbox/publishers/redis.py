@@ -1,10 +1,12 @@
 """Redis Streams: each event is one XADD, a batch one pipelined round trip.
 
 ``redis://host:6379/0?stream=dibs.{aggregate_type}&maxlen=1000000``: the stream name may use the event's
-target, aggregate_type and event_type (default ``dibs.{aggregate_type}``); ``maxlen`` trims each stream
-to about that many entries. Other options go to redis-py. Each entry's fields are ``id`` (the event id,
-for consumers to drop duplicates), ``aggregate_type``, ``aggregate_id``, ``event_type``, ``payload``
-(JSON), ``headers`` (JSON) and ``created_at`` (ISO 8601). Entries of one aggregate are added in order.
+target, aggregate_type and event_type (default ``dibs.{aggregate_type}``), each escaped as in every
+publisher's names (:func:`~dibs.outbox.publishers.base.token`), so that different values always make
+different streams; ``maxlen`` trims each stream to about that many entries. Other options go to
+redis-py. Each entry's fields are ``id`` (the event id, for consumers to drop duplicates),
+``aggregate_type``, ``aggregate_id``, ``event_type``, ``payload`` (JSON), ``headers`` (JSON) and
+``created_at`` (ISO 8601), as written. Entries of one aggregate are added in order.
 
 The batch goes out on redis-py's blocking client, in a thread, rather than on its asyncio client: the
 blocking client packs commands with hiredis (installed with ``dibs[redis]``) and reads the replies of a

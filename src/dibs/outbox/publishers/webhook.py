@@ -3,25 +3,34 @@
 ``https://example.com/hooks/orders?timeout=10&concurrency=16``: the URL is the endpoint itself. dibs takes
 ``timeout`` (seconds to wait for each answer, default 10) and ``concurrency`` (requests in flight at
 once, default 16) out of the query; the rest of the query stays part of the endpoint, as written (logs
-show it as ``?...``). A user and password in the URL are sent as HTTP basic auth.
+show it as ``?...``). A user and password in the URL are sent as HTTP basic auth. The URL takes no
+fields of the event (``{aggregate_type}`` in it is refused): every event goes to the one endpoint, and
+the headers below say what it is.
 
 Each request carries ``Content-Type: application/json``, ``Dibs-Event-Id`` and ``Idempotency-Key`` (both
 the event id, for the receiver to drop duplicates), ``Dibs-Event-Type``, ``Dibs-Aggregate-Type`` and
 ``Dibs-Aggregate-Id``, after the event's own headers. A 2xx answer confirms the event; any other
 answer, redirects included, is an error for that event alone. When no request of a batch gets through
 (refused, connect timeout, dropped without an answer) the endpoint counts as unavailable.
+
+httpx logs every request at INFO; the publisher's own requests are kept out of the logs (the relay logs
+per batch), unless the ``httpx`` logger's own level is set to INFO or lower. The application's other
+httpx requests log as before.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any
 from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from dibs._errors import InvalidArgument
 from dibs.outbox.events import OutboxEvent
 from dibs.outbox.publishers.base import (
+    TEMPLATE_FIELDS,
     BrokerUnavailable,
     Publisher,
     envelope,
@@ -30,6 +39,22 @@ from dibs.outbox.publishers.base import (
     split_options,
     whole_option,
 )
+
+#: True while a webhook publisher sends: the requests httpx logs then are the publisher's own.
+_sending: ContextVar[bool] = ContextVar("dibs_webhook_sending", default=False)
+
+
+class _PerRequestLines(logging.Filter):
+    """Drops httpx's INFO line per request of the webhook publisher, unless the httpx logger's level asks for it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING or not _sending.get():
+            return True
+        level = logging.getLogger(record.name).level
+        return level != logging.NOTSET and level <= record.levelno
+
+
+_PER_REQUEST_LINES = _PerRequestLines()
 
 
 class WebhookRejected(Exception):
@@ -59,6 +84,13 @@ class Webhook(Publisher):
         endpoint = urlunsplit(parts._replace(query=query))
         if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
             raise InvalidArgument(f"a webhook URL is http://host/path or https://host/path, got {redacted(url)}")
+        fields = [name for name in TEMPLATE_FIELDS if "{" + name + "}" in url]
+        if fields:
+            raise InvalidArgument(
+                f"a webhook URL takes no event fields, got {', '.join('{' + name + '}' for name in fields)} in "
+                f"{redacted(url)}; every event goes to the one endpoint, with its Dibs-Aggregate-Type and "
+                "Dibs-Event-Type headers"
+            )
         try:
             self._url = httpx.URL(endpoint)
         except httpx.InvalidURL as exc:
@@ -72,6 +104,7 @@ class Webhook(Publisher):
         """Make the HTTP client; nothing is sent until the first batch."""
         if self._client is None:
             httpx = self._httpx
+            logging.getLogger("httpx").addFilter(_PER_REQUEST_LINES)  # once: a filter is added only if absent
             self._client = httpx.AsyncClient(
                 timeout=httpx.Timeout(self.timeout),
                 limits=httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency),
@@ -85,9 +118,13 @@ class Webhook(Publisher):
         await self.connect()
         client, slots = self._client, self._slots
         assert slots is not None
-        results: list[BaseException | None] = await asyncio.gather(
-            *(self._post(client, slots, event) for event in events), return_exceptions=True
-        )
+        sending = _sending.set(True)  # the requests' tasks copy the context as they are made
+        try:
+            results: list[BaseException | None] = await asyncio.gather(
+                *(self._post(client, slots, event) for event in events), return_exceptions=True
+            )
+        finally:
+            _sending.reset(sending)
         unreachable = (self._httpx.ConnectError, self._httpx.ConnectTimeout, self._httpx.RemoteProtocolError)
         first = results[0]
         if isinstance(first, unreachable) and all(isinstance(result, unreachable) for result in results):
