@@ -30,7 +30,7 @@ PARTS = ("drain", "backlog", "relay")
 RUNNERS = {"drain": drain.run, "backlog": backlog.run, "relay": relay.run}
 #: ``--quick``: each part small enough to show it works and roughly where it stands, not to quote.
 QUICK = {
-    "drain": "--processes 1,2 --repeats 1 --configs 100x500 --jobs 10000 --latency-rates 500 --latency-seconds 3",
+    "drain": "--processes 1,2 --repeats 1 --configs 1000x500 --jobs 10000 --latency-rates 500 --latency-seconds 3",
     "backlog": "--backlogs 10000,100000 --repeats 50",
     "relay": "--events 20000 --relays 1 --repeats 1",
 }

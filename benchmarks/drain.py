@@ -18,7 +18,7 @@ at a time at a fixed rate to a running (not burst) worker that wakes on LISTEN/N
 
     python -m benchmarks.drain                                  # everything, about ten minutes
     python -m benchmarks.drain --backends sqlite --processes 1 --repeats 5
-    python -m benchmarks.drain --backends postgresql --configs 100x500 --latency-seconds 0
+    python -m benchmarks.drain --backends postgresql --configs 1000x500 --latency-seconds 0
 """
 
 from __future__ import annotations
@@ -619,7 +619,7 @@ def parse_configs(text: str, poll: float) -> list[dict[str, Any]]:
     for item in text.split(","):
         numbers = [int(part) for part in item.lower().split("x")]
         if len(numbers) not in (2, 3):
-            raise SystemExit(f"--configs: {item!r} is not concurrency x batch [x connections], as in 200x1000x1")
+            raise SystemExit(f"--configs: {item!r} is not concurrency x batch [x connections], as in 2000x1000x1")
         config = {"concurrency": numbers[0], "batch": numbers[1], "poll": poll}
         if len(numbers) == 3:
             config["connections"] = numbers[2]
@@ -641,7 +641,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"of {', '.join(KINDS)}")
     parser.add_argument(
         "--configs",
-        default="100x500,200x1000,200x1000x1",
+        default="1000x500,2000x1000,2000x1000x1",
         help="dibs worker settings, concurrency x batch [x connections] (default: the worker's)",
     )
     parser.add_argument("--poll", type=float, default=2.0, help="dibs worker poll seconds (its default: 2)")

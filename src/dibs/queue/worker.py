@@ -234,9 +234,12 @@ class Worker:
         self._hurry = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
-        self._buffer: deque[Lease] = deque()  # claimed, each with an idle runner about to take it
-        self._busy = 0  # runners running a job or writing its outcome
-        self._work: asyncio.Event | None = None  # set when the buffer gets jobs, or at shutdown
+        # Claimed jobs go to the buffer, and idle runners take them at once. A runner that finds more jobs
+        # left wakes one more runner, so that a job that waits (for I/O, or in a thread) holds up no other;
+        # jobs that never wait are run back to back by the runner already awake, without a switch each.
+        self._buffer: deque[Lease] = deque()
+        self._waiting: list[asyncio.Future[bool]] = []  # idle runners' wake-ups (False: shut down)
+        self._starting = 0  # runners woken and not yet running
         self._closing = False
         self._held: dict[tuple[Any, ...], Lease] = {}  # claimed and not yet finished
         #: Successes being written: a burst worker holding none has not finished until they are written.
@@ -285,7 +288,6 @@ class Worker:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         self._done_ready = asyncio.Event()
-        self._work = asyncio.Event()
         try:
             await self._start()
         except BaseException:
@@ -347,7 +349,6 @@ class Worker:
 
     async def _fetch(self) -> None:
         assert self._wake is not None
-        assert self._work is not None
         idle_wait = 0.01
         while not self.stopping:
             # Cleared before the state is looked at (not when a wait begins): a notification or a finished
@@ -390,7 +391,7 @@ class Worker:
                 self._held[lease.key] = lease
             self._buffer.extend(claimed)
             if claimed:
-                self._work.set()
+                self._wake_runner()
                 idle_wait = 0.01
                 continue
             if self.burst and not self._held and not self._writing:
@@ -407,9 +408,15 @@ class Worker:
 
     def _idle_runners(self) -> int:
         """How many jobs a claim may take now: one for each runner with no job, less the jobs already
-        claimed for them. Only jobs a runner takes at once are claimed, so a worker that dies leaves no
-        claimed job that had not started with an attempt counted against it."""
-        return self.concurrency - self._busy - len(self._buffer)
+        claimed for them. A claim counts an attempt, so only jobs a runner takes at once are claimed: a
+        job waiting in a worker that died would have lost an attempt without ever running."""
+        return len(self._waiting) + self._starting - len(self._buffer)
+
+    def _wake_runner(self) -> None:
+        """Wake an idle runner for the buffered jobs, unless one is already on its way."""
+        if self._buffer and not self._starting and self._waiting:
+            self._starting += 1
+            self._waiting.pop().set_result(True)
 
     async def _quietly(self, check: Callable[[], Awaitable[T]]) -> T | None:
         """``await check()``, or None when the database fails it (logged)."""
@@ -477,16 +484,19 @@ class Worker:
     # -- running -----------------------------------------------------------------------------------
 
     async def _runner(self) -> None:
-        assert self._work is not None
+        assert self._loop is not None
         me = asyncio.current_task()
-        while True:
-            while not self._buffer:
-                if self._closing:
+        while not self._closing:
+            if not self._buffer:
+                woken: asyncio.Future[bool] = self._loop.create_future()
+                self._waiting.append(woken)
+                self._wake_up()  # idle: the fetcher may claim a job for this runner
+                if not await woken:
                     return
-                self._work.clear()
-                await self._work.wait()
+                self._starting -= 1
+                continue
             lease = self._buffer.popleft()
-            self._busy += 1
+            self._wake_runner()
             try:
                 await self._run(lease, me)
             except Exception as error:
@@ -494,14 +504,10 @@ class Worker:
                 # the job runs again once it expires: at least once, never lost.
                 self._held.pop(lease.key, None)
                 log.warning("could not record the outcome of job %s; it will run again: %s", lease.key[0], error)
-            finally:
-                self._busy -= 1
-            # This runner is idle again: the fetcher may claim a job for it.
-            self._wake_up()
 
     async def _run(self, lease: Lease, runner: asyncio.Task[Any] | None) -> None:
         if self._held.get(lease.key) is not lease:
-            return  # its lease was lost while it waited in the buffer
+            return  # its lease was lost before it started
         row = lease.row
         job_id: int = row[ID_AT]
         task = self.app.tasks.get(row[TASK_AT])
@@ -779,12 +785,15 @@ class Worker:
     # -- shutdown ----------------------------------------------------------------------------------
 
     async def _shut_down(self, runners: list[asyncio.Task[Any]]) -> None:
-        assert self._work is not None
+        # Jobs of a claim that came back as the worker stopped, not yet started: given back at once.
         unstarted = list(self._buffer)
         self._buffer.clear()
         await self._release(unstarted)
+        # Runners idle now end; the others end when their job does.
         self._closing = True
-        self._work.set()
+        for woken in self._waiting:
+            woken.set_result(False)
+        self._waiting.clear()
         deadline = time.monotonic() + (0 if self._hurry else self.grace_seconds)
         while self._running and time.monotonic() < deadline and not self._hurry:
             await asyncio.sleep(0.05)
