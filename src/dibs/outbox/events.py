@@ -161,10 +161,6 @@ def _encoded_headers(headers: object) -> str | None:
         raise InvalidArgument(f"headers must be a dict of non-empty string names to string values, got {headers!r}")
     if not headers:
         return None
-    for key, value in headers.items():
-        checked_text(key, "a header's name", HEADERS_LIMIT)
-        if value:
-            checked_text(value, f"header {key!r}", HEADERS_LIMIT)
     # ASCII: one byte per character, however the column's character set counts them.
     encoded = json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=True)
     if len(encoded) > HEADERS_LIMIT:
@@ -172,6 +168,10 @@ def _encoded_headers(headers: object) -> str | None:
             f"headers take {len(encoded):,} bytes as JSON, over the limit of {HEADERS_LIMIT:,}; "
             "put large values in the payload instead"
         )
+    for key, value in headers.items():
+        checked_text(key, "a header's name", HEADERS_LIMIT)
+        if value:
+            checked_text(value, f"header {key!r}", HEADERS_LIMIT)
     return encoded
 
 
