@@ -87,12 +87,10 @@ class Outbox:
             self.url = database_url(db)
             checked_url(self.url)  # refused now if it can never work; a server that is down, when used
         self.on_failed_head = checked_policy(on_failed_head)
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise InvalidArgument(f"max_retries must be a whole number >= 0, got {max_retries!r}")
+        checked_count(max_retries, "max_retries", minimum=0)
         if not isinstance(retry, Retry):
             raise InvalidArgument(f"retry must be a dibs.Retry, got {retry!r}")
-        if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:
-            raise InvalidArgument(f"max_payload_bytes must be a positive whole number, got {max_payload_bytes!r}")
+        checked_count(max_payload_bytes, "max_payload_bytes")
         self.max_retries = max_retries
         self.retry = retry
         self.max_payload_bytes = max_payload_bytes

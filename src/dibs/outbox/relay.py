@@ -114,7 +114,7 @@ class Relay:
         self.upkeep_seconds = checked_seconds(upkeep_every, "upkeep_every")
         self.grace_seconds = checked_seconds(grace, "grace", zero=True)
         if retention is not None:
-            retention = timedelta(seconds=checked_seconds(retention, "retention"))
+            retention = timedelta(seconds=checked_seconds(retention, "retention", zero=True))
         self.outbox = outbox
         self.publisher = publisher_for(publisher) if isinstance(publisher, str) else publisher
         if not isinstance(self.publisher, Publisher):

@@ -208,7 +208,7 @@ class Worker:
                 "a third of the lease (the default) renews it twice before it could expire"
             )
         if retention is not None:
-            retention = timedelta(seconds=checked_seconds(retention, "retention"))
+            retention = timedelta(seconds=checked_seconds(retention, "retention", zero=True))
         if metrics_port is not None:
             checked_metrics_port(metrics_port)
         self.poll_seconds = float(poll)
