@@ -71,15 +71,19 @@ def test_a_task_defined_in_a_script_without_a_name_warns_how_to_name_it(tmp_path
         @app.task(name="shop.ship")
         def ship() -> None: ...
 
+        @app.task(queue="mail")
+        def send_mail() -> None: ...
+
         print(sorted(app.tasks))
         """,
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "['__main__.send_receipt', 'shop.ship']"
+    assert done.stdout.strip() == "['__main__.send_mail', '__main__.send_receipt', 'shop.ship']"
     warning = "script.py:6: DibsWarning: task '__main__.send_receipt' is defined in a script run as __main__"
     assert warning in done.stderr
     assert "@app.task(name='send_receipt')" in done.stderr
-    assert done.stderr.count("DibsWarning") == 1
+    assert "script.py:12: DibsWarning: task '__main__.send_mail'" in done.stderr
+    assert done.stderr.count("DibsWarning") == 2
 
 
 def test_a_worker_given_a_metrics_port_without_the_extra_says_which_extra_to_install(tmp_path: Path) -> None:

@@ -82,14 +82,14 @@ class QueueStatus:
     finished_per_second: float
 
 
-def _warn_script_task(task_name: str) -> None:
+def _warn_script_task(task_name: str, stacklevel: int) -> None:
     warnings.warn(
         f"task {task_name!r} is defined in a script run as __main__: a worker that imports the script's "
         f"module names it {task_name.replace('__main__.', 'MODULE.', 1)!r} and never runs its jobs. "
         f"Give it a stable name (@app.task(name={task_name.split('.', 1)[1]!r})) or define it in an "
         "importable module",
         DibsWarning,
-        stacklevel=4,
+        stacklevel=stacklevel,
     )
 
 
@@ -181,10 +181,11 @@ class App:
     ) -> Task | Callable[[F], Task]:
         """Register a sync or async function as a task (its name defaults to ``module.function``)."""
 
-        def register(chosen: F) -> Task:
+        # The warning points at the decorated function: register() is one call deeper under a bare @app.task.
+        def register(chosen: F, stacklevel: int = 2) -> Task:
             task_name = name or f"{chosen.__module__}.{chosen.__qualname__}"
             if name is None and task_name.startswith("__main__."):
-                _warn_script_task(task_name)
+                _warn_script_task(task_name, stacklevel + 1)
             if task_name in self.tasks:
                 raise InvalidArgument(f"a task named {task_name!r} is already registered; give this one name=")
             seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
@@ -203,7 +204,7 @@ class App:
             self.tasks[task_name] = task
             return task
 
-        return register if function is None else register(function)
+        return register if function is None else register(function, stacklevel=3)
 
     def task_named(self, name: str | Task) -> Task:
         """The task registered under ``name``, or else the one task whose function is called ``name``
