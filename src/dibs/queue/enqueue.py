@@ -77,6 +77,9 @@ def new_job(
     if key is not None:
         checked_text(key, "ordering_key", _KEY_LIMIT)
     chosen_tag = task.tag if tag is None else checked_name(tag, "tag")
+    refusal = task.refusal(arguments)
+    if refusal is not None:
+        raise InvalidArgument(f"the arguments of a {task.name!r} job do not fit the task: {refusal}")
     values = {
         "task": task.name,
         "queue": chosen_queue,
@@ -94,7 +97,7 @@ def new_job(
 
 
 def _encoded(task: Task, arguments: Any, max_args_bytes: int) -> str:
-    """A job's arguments as JSON text, once they are known to fit the task's function and the size limit."""
+    """A job's arguments as JSON text, within the size limit."""
     if not isinstance(arguments, Mapping) or not all(isinstance(name, str) for name in arguments):
         raise InvalidArgument(
             f"the arguments of a {task.name!r} job must be a dict of argument names to values, got {arguments!r}"
@@ -112,9 +115,6 @@ def _encoded(task: Task, arguments: Any, max_args_bytes: int) -> str:
             f"the arguments of a {task.name!r} job take {size:,} bytes as JSON, over the limit of "
             f"{max_args_bytes:,}; store large data elsewhere and pass its id, or raise App(max_args_bytes=)"
         )
-    refusal = task.refusal(arguments)
-    if refusal is not None:
-        raise InvalidArgument(f"the arguments of a {task.name!r} job do not fit the task: {refusal}")
     return encoded
 
 
