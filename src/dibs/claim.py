@@ -8,7 +8,6 @@ it at once; that is why it needs an Engine, or a Connection with no transaction 
 
 from __future__ import annotations
 
-import operator
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.sql import ClauseElement, ColumnElement
 
+from dibs._checks import checked_count
 from dibs._errors import InTransaction, InvalidArgument
 from dibs.dialects import ClaimRequest, backend_for, driver, strategy_for
 
@@ -208,10 +208,9 @@ def claim_request(
 
 
 def whole_number(limit: Any, name: str = "limit") -> int:
-    """A claim limit (or another count of rows, called ``name``) as an int, or InvalidArgument."""
-    if isinstance(limit, bool) or not hasattr(limit, "__index__"):
-        raise InvalidArgument(f"{name} must be a whole number of rows, got {limit!r}")
-    return operator.index(limit)
+    """A claim limit (or another count of rows, called ``name``) as an int: at most MOST_ROWS, and claiming
+    nothing when not positive; InvalidArgument otherwise."""
+    return checked_count(limit, name, minimum=None)
 
 
 def _criteria(where: Criteria) -> ColumnElement[bool] | None:

@@ -32,6 +32,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine, Row
 
+from dibs._checks import checked_count
 from dibs._errors import InvalidArgument
 from dibs.claim import column_of, resolve_table, whole_number
 from dibs.dialects import Backend, backend_for
@@ -232,7 +233,8 @@ class DueScheduler:
     def due_rows(self, bind: Engine, limit: int = 100) -> list[Row[Any]]:
         """The due rows a claim would take next, in that order, without claiming them (for inspection)."""
         held = self.leases.eligible(backend_for(bind.dialect))
-        query = sa.select(self.table).where(held, *self.due(bind)).order_by(*self.order()).limit(limit)
+        query = sa.select(self.table).where(held, *self.due(bind)).order_by(*self.order())
+        query = query.limit(checked_count(limit, "limit", minimum=0))
         with bind.connect() as conn:
             return list(conn.execute(query))
 

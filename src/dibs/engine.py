@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -110,9 +111,35 @@ def _parsed(url: str | sa.URL) -> sa.URL:
         return sa.make_url(url)
     except sa.exc.ArgumentError as exc:
         raise InvalidArgument(
-            f"{url!r} is not a database URL; write it as dialect+driver://user:password@host/database, "
+            f"{_redacted(url)!r} is not a database URL; write it as dialect+driver://user:password@host/database, "
             "for example sqlite:///dibs.sqlite or postgresql+psycopg://user@localhost/app"
+        ) from None if _has_password(url) else exc
+    except ValueError as exc:  # SQLAlchemy reads the port with int(), and says no more than that
+        raise InvalidArgument(
+            f"the database URL {_redacted(url)!r} is not valid: its port {_port(str(url))!r} is not a number; write "
+            "it as dialect+driver://user:password@host:port/database, with the port a number such as 5432"
         ) from exc
+
+
+#: The password of a URL's user: from the colon after the user name to the last @ before the path.
+_PASSWORD = re.compile(r"(://[^:/@]*:)[^/]*@")
+
+
+def _port(url: str) -> str:
+    """What a URL has where its port goes: after the host's last colon."""
+    location = url.partition("://")[2].split("/", 1)[0].split("?", 1)[0].rpartition("@")[2]
+    return location.rpartition("]")[2].rpartition(":")[2]
+
+
+def _has_password(url: str | sa.URL) -> bool:
+    return isinstance(url, str) and _PASSWORD.search(url) is not None
+
+
+def _redacted(url: str | sa.URL) -> str:
+    """The URL as an error shows it: its password hidden."""
+    if isinstance(url, sa.URL):
+        return url.render_as_string(hide_password=True)
+    return _PASSWORD.sub(r"\1***@", url)
 
 
 @contextmanager

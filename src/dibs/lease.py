@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, Row
 
+from dibs._checks import checked_seconds, checked_text
 from dibs._errors import InvalidArgument, LeaseLost
 from dibs.claim import (
     Criteria,
@@ -42,6 +43,8 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 Duration = timedelta | float | int
+#: The longest lease owner: the size of the owner column lease_columns() makes.
+OWNER_LIMIT = 200
 
 
 def lease_columns(
@@ -56,7 +59,7 @@ def lease_columns(
     """Fresh columns that give a table what :class:`Leases` needs; add them to your Table definition."""
     return [
         sa.Column(status, sa.String(32), nullable=False, server_default=ready),
-        sa.Column(owner, sa.String(200), nullable=True),
+        sa.Column(owner, sa.String(OWNER_LIMIT), nullable=True),
         sa.Column(expires_at, Timestamp, nullable=True),
         sa.Column(token, sa.BigInteger, nullable=False, server_default="0"),
         sa.Column(attempts, sa.Integer, nullable=False, server_default="0"),
@@ -82,10 +85,11 @@ _made_lease: Callable[[Any, tuple[Any, ...]], Lease] = tuple.__new__
 
 
 def _seconds(duration: Duration, name: str = "duration") -> float:
-    seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-        raise InvalidArgument(f"{name} must be a positive timedelta or number of seconds, got {duration!r}")
-    return float(seconds)
+    return checked_seconds(duration, name)
+
+
+def _owner(owner: object) -> str:
+    return checked_text(owner, "owner (the name of the worker)", OWNER_LIMIT)
 
 
 #: Lease writes go in chunks of at most this many leases, which bounds both the statement's parameters
@@ -289,8 +293,7 @@ class Leases:
         then: Then | None,
     ) -> ClaimRequest:
         """The claim for one call. Without ``where`` or ``set`` its statements are built once and reused."""
-        if not isinstance(owner, str) or not owner:
-            raise InvalidArgument(f"owner must be a non-empty string naming the worker, got {owner!r}")
+        _owner(owner)
         backend = backend_for(bind.dialect)
         parameters = {_OWNER: owner, _LEASE_SECONDS: backend.after_value(_seconds(duration))}
         count = whole_number(limit)
@@ -803,8 +806,7 @@ class Claimer:
     def _request(
         self, bind: Any, owner: str, duration: Duration, limit: int, parameters: Mapping[str, Any] | None
     ) -> ClaimRequest:
-        if not isinstance(owner, str) or not owner:
-            raise InvalidArgument(f"owner must be a non-empty string naming the worker, got {owner!r}")
+        _owner(owner)
         backend = backend_for(bind.dialect)
         template = self._templates.get(backend.name)
         if template is None:

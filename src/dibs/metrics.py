@@ -1,4 +1,4 @@
-"""Prometheus metrics of a worker, served on a port when asked (``pip install dibs[metrics]``).
+"""Prometheus metrics of a worker, served on a port when asked (``pip install "dibs[metrics]"``).
 
 Counters: jobs claimed and finished by outcome (succeeded, retried, dead, cancelled, released).
 Histograms: claim latency and job run time. Gauges, refreshed by the worker's upkeep: jobs per queue and
@@ -8,6 +8,7 @@ state, and the age of the oldest runnable job per queue.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from dibs._errors import InvalidArgument
@@ -16,16 +17,31 @@ if TYPE_CHECKING:
     from dibs.queue.app import QueueStatus
 
 
+def _prometheus() -> ModuleType:
+    """The prometheus_client module; InvalidArgument saying which extra to install when it is missing."""
+    try:
+        import prometheus_client
+    except ImportError as exc:
+        raise InvalidArgument(
+            "serving metrics (metrics_port, --metrics-port) needs the prometheus-client package, which the "
+            'metrics extra installs: pip install "dibs[metrics]"'
+        ) from exc
+    return prometheus_client
+
+
+def checked_metrics_port(port: object) -> int:
+    """A TCP port to serve metrics on, once the package that serves them is known to be installed."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65_535:
+        raise InvalidArgument(f"metrics_port must be a TCP port from 0 to 65535, got {port!r}")
+    _prometheus()
+    return port
+
+
 class Metrics:
     """The worker's instruments, in a registry of their own."""
 
     def __init__(self, registry: Any = None) -> None:
-        try:
-            import prometheus_client as prometheus
-        except ImportError as exc:
-            raise InvalidArgument(
-                "metrics need the prometheus-client package; install it with: pip install 'dibs[metrics]'"
-            ) from exc
+        prometheus = _prometheus()
         self.registry = registry if registry is not None else prometheus.CollectorRegistry()
         self._server: Any = None
         registry = self.registry
@@ -56,10 +72,8 @@ class Metrics:
     @classmethod
     def serve(cls, port: int, address: str = "0.0.0.0") -> Metrics:
         """Instruments served over HTTP at ``address:port/metrics``."""
-        import prometheus_client as prometheus
-
         metrics = cls()
-        metrics._server, _thread = prometheus.start_http_server(port, addr=address, registry=metrics.registry)
+        metrics._server, _thread = _prometheus().start_http_server(port, addr=address, registry=metrics.registry)
         return metrics
 
     def close(self) -> None:

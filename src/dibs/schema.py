@@ -18,7 +18,8 @@ reads pending events only, and the check that an event heads its aggregate reads
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, overload
@@ -391,6 +392,19 @@ def translated(error: Exception, engine: Engine) -> Exception:
         return error
     problem.__cause__ = error
     return problem
+
+
+@contextmanager
+def tables_checked(engine: Engine) -> Iterator[None]:
+    """Turn the failure of a statement run in the block into SchemaMissing, saying what to run, when the
+    dibs tables of ``engine``'s database are missing or out of date (see :func:`translated`)."""
+    try:
+        yield
+    except sa.exc.DBAPIError as error:
+        problem = translated(error, engine)
+        if problem is error:
+            raise
+        raise problem from error
 
 
 def _commit(conn: Connection) -> None:

@@ -17,7 +17,7 @@ BAD_SETTINGS = [
     ({"batch": 2.5}, "batch must be a whole number >= 1"),
     ({"lease": 0}, "lease must be a positive number of seconds"),
     ({"poll": -1}, "poll must be a positive number of seconds"),
-    ({"grace": -1}, "grace must be a number of seconds >= 0"),
+    ({"grace": -1}, "grace must not be negative"),
     ({"lease": 3, "heartbeat": 3}, "heartbeat must be a positive number of seconds below the lease"),
     ({"connections": 3}, "connections must be 1 or 2"),
     ({"connections": 0}, "connections must be 1 or 2"),

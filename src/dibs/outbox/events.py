@@ -17,11 +17,15 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Row
 
+from dibs._checks import checked_text
 from dibs._errors import InvalidArgument
 from dibs.dialects import Backend, backend_for
 from dibs.schema import DEFAULT_TARGET, PENDING, aware, outbox
 
-_NAME_LIMIT = {"target": 100, "aggregate_type": 200, "aggregate_id": 200, "event_type": 200}
+#: The longest of each of an event's names: their columns' sizes.
+NAME_LIMITS = {"target": 100, "aggregate_type": 200, "aggregate_id": 200, "event_type": 200}
+#: The most bytes an event's headers take as JSON: what MySQL's and MariaDB's TEXT column holds.
+HEADERS_LIMIT = 65_535
 #: The arguments an event is made of, as add() takes them and add_many() takes them in each mapping.
 EVENT_FIELDS = ("aggregate_type", "aggregate_id", "event_type", "payload", "headers", "target")
 
@@ -130,12 +134,9 @@ def new_event(
         "event_type": event_type,
     }
     for name, value in names.items():
-        limit = _NAME_LIMIT[name]
-        if not isinstance(value, str) or not 0 < len(value) <= limit or value != value.strip():
-            raise InvalidArgument(
-                f"{name} must be a non-empty string of at most {limit} characters without surrounding spaces, "
-                f"got {value!r}"
-            )
+        text = checked_text(value, name, NAME_LIMITS[name])
+        if text != text.strip():
+            raise InvalidArgument(f"{name} must not start or end with spaces, got {value!r}")
     try:
         encoded = json.dumps(payload, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:
@@ -149,16 +150,29 @@ def new_event(
             f"the payload of a {event_type!r} event takes {size:,} bytes as JSON, over the limit of "
             f"{max_payload_bytes:,}; publish a reference to large data instead, or raise Outbox(max_payload_bytes=)"
         )
-    if headers is not None and (
-        not isinstance(headers, Mapping)
-        or not all(isinstance(key, str) and key and isinstance(value, str) for key, value in headers.items())
+    return {**names, "payload": encoded, "headers": None if headers is None else _encoded_headers(headers)}
+
+
+def _encoded_headers(headers: object) -> str | None:
+    """Headers as the JSON text stored, within HEADERS_LIMIT; None for none."""
+    if not isinstance(headers, Mapping) or not all(
+        isinstance(key, str) and key and isinstance(value, str) for key, value in headers.items()
     ):
         raise InvalidArgument(f"headers must be a dict of non-empty string names to string values, got {headers!r}")
-    return {
-        **names,
-        "payload": encoded,
-        "headers": json.dumps(dict(headers), separators=(",", ":")) if headers else None,
-    }
+    if not headers:
+        return None
+    # ASCII: one byte per character, however the column's character set counts them.
+    encoded = json.dumps(dict(headers), separators=(",", ":"), ensure_ascii=True)
+    if len(encoded) > HEADERS_LIMIT:
+        raise InvalidArgument(
+            f"headers take {len(encoded):,} bytes as JSON, over the limit of {HEADERS_LIMIT:,}; "
+            "put large values in the payload instead"
+        )
+    for key, value in headers.items():
+        checked_text(key, "a header's name", HEADERS_LIMIT)
+        if value:
+            checked_text(value, f"header {key!r}", HEADERS_LIMIT)
+    return encoded
 
 
 def event_from(fields: Mapping[str, Any], max_payload_bytes: int) -> dict[str, Any]:

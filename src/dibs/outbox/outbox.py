@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -23,15 +24,16 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from dibs._checks import checked_count, checked_seconds, checked_text
 from dibs._errors import EventNotFound, InvalidArgument
 from dibs.dialects import backend_for
 from dibs.dialects.base import moment
 from dibs.engine import checked_url, connected, create_engine, writing
-from dibs.outbox.events import OutboxEvent, event_from, insert_events, new_event
+from dibs.outbox.events import NAME_LIMITS, OutboxEvent, event_from, insert_events, new_event
 from dibs.outbox.store import FailedHead, OutboxStore, checked_policy
 from dibs.queue.app import database_url
 from dibs.queue.retry import Retry
-from dibs.schema import ABANDONED, EVENT_STATES, FAILED, PENDING, PUBLISHED, aware, migrate, outbox
+from dibs.schema import ABANDONED, EVENT_STATES, FAILED, PENDING, PUBLISHED, aware, migrate, outbox, tables_checked
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -87,12 +89,10 @@ class Outbox:
             self.url = database_url(db)
             checked_url(self.url)  # refused now if it can never work; a server that is down, when used
         self.on_failed_head = checked_policy(on_failed_head)
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise InvalidArgument(f"max_retries must be a whole number >= 0, got {max_retries!r}")
+        checked_count(max_retries, "max_retries", minimum=0)
         if not isinstance(retry, Retry):
             raise InvalidArgument(f"retry must be a dibs.Retry, got {retry!r}")
-        if isinstance(max_payload_bytes, bool) or not isinstance(max_payload_bytes, int) or max_payload_bytes < 1:
-            raise InvalidArgument(f"max_payload_bytes must be a positive whole number, got {max_payload_bytes!r}")
+        checked_count(max_payload_bytes, "max_payload_bytes")
         self.max_retries = max_retries
         self.retry = retry
         self.max_payload_bytes = max_payload_bytes
@@ -183,21 +183,28 @@ class Outbox:
             raise InvalidArgument("add_many takes a list of event dicts; for one event use add")
         return [event_from(fields, self.max_payload_bytes) for fields in events]
 
+    def _tables(self) -> AbstractContextManager[None]:
+        """Turn a statement's failure into SchemaMissing when the dibs tables are missing or out of date."""
+        return tables_checked(self.engine)
+
     def _channel(self) -> str | None:
         return CHANNEL if self.notify else None
 
     def _write(self, conn: Any, events: list[dict[str, Any]]) -> list[int]:
         if isinstance(conn, Engine):
-            with writing(conn) as connection:
+            with tables_checked(conn), writing(conn) as connection:
                 return insert_events(connection, events, self._channel())
         if isinstance(conn, Connection):
             # Inside the caller's transaction, or the one this statement begins: the caller commits it, with
             # the business change, or rolls both back.
-            return insert_events(conn, events, self._channel())
+            with tables_checked(conn.engine):
+                return insert_events(conn, events, self._channel())
         connection_of = getattr(conn, "connection", None)
         if callable(connection_of) and not asyncio.iscoroutinefunction(connection_of):
             # An ORM Session: join its transaction; the caller commits.
-            return insert_events(connection_of(), events, self._channel())
+            connection = connection_of()
+            with tables_checked(connection.engine):
+                return insert_events(connection, events, self._channel())
         raise InvalidArgument(
             "add() writes in the caller's transaction: pass a SQLAlchemy Connection or Session (AsyncConnection "
             f"or AsyncSession to aadd()), got {type(conn).__name__}"
@@ -217,7 +224,7 @@ class Outbox:
 
     def get(self, event_id: int) -> OutboxEvent:
         """The event with this id; EventNotFound if there is none."""
-        with connected(self.engine) as conn:
+        with self._tables(), connected(self.engine) as conn:
             row = conn.execute(sa.select(outbox).where(outbox.c.id == event_id)).first()
         if row is None:
             raise EventNotFound(f"there is no outbox event {event_id} (it may have been purged)")
@@ -234,22 +241,23 @@ class Outbox:
         newest_first: bool = False,
     ) -> list[OutboxEvent]:
         """Events in creation order (or newest first), filtered by state(s), target and aggregate."""
-        query = sa.select(outbox).order_by(outbox.c.id.desc() if newest_first else outbox.c.id).limit(limit)
+        order = outbox.c.id.desc() if newest_first else outbox.c.id
+        query = sa.select(outbox).order_by(order).limit(checked_count(limit, "limit", minimum=0))
         if status is not None:
             query = query.where(outbox.c.status.in_(_states(status)))
-        if target is not None:
-            query = query.where(outbox.c.target == target)
-        if aggregate_type is not None:
-            query = query.where(outbox.c.aggregate_type == aggregate_type)
+        for column, value in ((outbox.c.target, target), (outbox.c.aggregate_type, aggregate_type)):
+            if value is not None:
+                query = query.where(column == checked_text(value, column.name, NAME_LIMITS[column.name]))
         if aggregate_id is not None:
-            query = query.where(outbox.c.aggregate_id == str(aggregate_id))
-        with connected(self.engine) as conn:
+            chosen = checked_text(str(aggregate_id), "aggregate_id", NAME_LIMITS["aggregate_id"])
+            query = query.where(outbox.c.aggregate_id == chosen)
+        with self._tables(), connected(self.engine) as conn:
             return OutboxEvent.from_rows(conn.execute(query).all())
 
     def status(self) -> list[OutboxStatus]:
         """Per target: events per state, the oldest pending event's wait, and recent throughput."""
         backend = backend_for(self.engine.dialect)
-        with connected(self.engine) as conn:
+        with self._tables(), connected(self.engine) as conn:
             now = aware(conn.execute(sa.select(backend.now())).scalar_one())
             counts = conn.execute(
                 sa.select(outbox.c.target, outbox.c.status, sa.func.count()).group_by(outbox.c.target, outbox.c.status)
@@ -304,11 +312,11 @@ class Outbox:
             .values(status=PENDING, retry_count=0, next_attempt_at=None)
         )
         if target is not None:
-            change = change.where(outbox.c.target == target)
+            change = change.where(outbox.c.target == checked_text(target, "target", NAME_LIMITS["target"]))
         chosen = None if ids is None else [_event_id(value) for value in ids]
         if chosen is not None and not chosen:
             return 0
-        with writing(self.engine) as conn:
+        with self._tables(), writing(self.engine) as conn:
             if chosen is None:
                 return int(conn.execute(change).rowcount)
             return sum(
@@ -318,9 +326,11 @@ class Outbox:
 
     def purge(self, *, older_than: timedelta = timedelta(0)) -> int:
         """Delete events published more than ``older_than`` ago; returns how many."""
+        older_than = timedelta(seconds=checked_seconds(older_than, "older_than", zero=True))
         total = 0
-        while purged := self.store.purge(self.engine, older_than):
-            total += purged
+        with self._tables():
+            while purged := self.store.purge(self.engine, older_than):
+                total += purged
         return total
 
     def discard(self, ids: Iterable[int]) -> int:
@@ -328,7 +338,7 @@ class Outbox:
         chosen = [_event_id(value) for value in ids]
         if not chosen:
             return 0
-        with writing(self.engine) as conn:
+        with self._tables(), writing(self.engine) as conn:
             return int(
                 conn.execute(sa.delete(outbox).where(outbox.c.id.in_(chosen), outbox.c.status == ABANDONED)).rowcount
             )

@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 
+from dibs._checks import checked_count, checked_seconds, checked_text
 from dibs._errors import BrokerUnavailable, InvalidArgument
 from dibs._signals import handle_stop_signals
 from dibs.dialects.base import Listener
-from dibs.lease import Lease
-from dibs.outbox.events import OutboxEvent
+from dibs.lease import OWNER_LIMIT, Lease
+from dibs.outbox.events import NAME_LIMITS, OutboxEvent
 from dibs.outbox.failures import sorted_failures
 from dibs.outbox.publishers import Publisher, publisher_for
 from dibs.schema import DEFAULT_TARGET, FAILED, PROCESSING, outbox, require_current
@@ -67,12 +68,6 @@ class RelayStats:
     released: int = 0
     #: Outcomes the database refused because the lease had been taken over: another relay has the event.
     lost: int = 0
-
-
-def _positive(value: object, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise InvalidArgument(f"{what} must be a positive number of seconds, got {value!r}")
-    return float(value)
 
 
 class Relay:
@@ -109,23 +104,23 @@ class Relay:
         name: str | None = None,
         handle_signals: bool = True,
     ) -> None:
-        for value, what in ((batch, "batch"), (concurrency, "concurrency")):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise InvalidArgument(f"{what} must be a whole number >= 1, got {value!r}")
-        if not isinstance(target, str) or not target:
-            raise InvalidArgument(f"target must be a non-empty string, got {target!r}")
-        self.lease_seconds = _positive(lease, "lease")
-        self.heartbeat_seconds = self.lease_seconds / 3 if heartbeat is None else _positive(heartbeat, "heartbeat")
+        checked_count(batch, "batch")
+        checked_count(concurrency, "concurrency")
+        checked_text(target, "target", NAME_LIMITS["target"])
+        self.lease_seconds = checked_seconds(lease, "lease")
+        self.heartbeat_seconds = (
+            self.lease_seconds / 3 if heartbeat is None else checked_seconds(heartbeat, "heartbeat")
+        )
         if self.heartbeat_seconds >= self.lease_seconds:
             raise InvalidArgument(
                 f"heartbeat must be shorter than the lease ({lease:g} s), got {heartbeat!r}; "
                 "a third of the lease (the default) renews it twice before it could expire"
             )
-        self.poll_seconds = _positive(poll, "poll")
-        self.upkeep_seconds = _positive(upkeep_every, "upkeep_every")
-        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
-            raise InvalidArgument(f"grace must be a number of seconds >= 0, got {grace!r}")
-        self.grace_seconds = float(grace)
+        self.poll_seconds = checked_seconds(poll, "poll")
+        self.upkeep_seconds = checked_seconds(upkeep_every, "upkeep_every")
+        self.grace_seconds = checked_seconds(grace, "grace", zero=True)
+        if retention is not None:
+            retention = timedelta(seconds=checked_seconds(retention, "retention", zero=True))
         self.outbox = outbox
         self.publisher = publisher_for(publisher) if isinstance(publisher, str) else publisher
         if not isinstance(self.publisher, Publisher):
@@ -135,7 +130,9 @@ class Relay:
         self.concurrency = concurrency
         self.retention = retention
         self.burst = burst
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.name = checked_text(
+            name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}", "name", OWNER_LIMIT
+        )
         self.handle_signals = handle_signals
         self.stats = RelayStats()
         self._store = outbox.store

@@ -16,8 +16,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
@@ -25,7 +26,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from dibs._errors import InvalidArgument, JobNotFound
+from dibs._checks import checked_count, checked_name, checked_seconds, checked_text
+from dibs._errors import DibsWarning, InvalidArgument, JobNotFound
 from dibs.claim import claim
 from dibs.dialects import backend_for
 from dibs.dialects.base import moment
@@ -35,7 +37,7 @@ from dibs.queue.job import Job
 from dibs.queue.periodic import Periodic, PeriodicStatus, checked_periodic, enqueue_due, schedule_status, sync_schedules
 from dibs.queue.retry import DEFAULT_RETRY, Retry
 from dibs.queue.store import JobStore
-from dibs.queue.task import OrderingKey, Task, checked_name
+from dibs.queue.task import TASK_NAME_LIMIT, OrderingKey, Task
 from dibs.schema import (
     CANCELLED,
     DEAD,
@@ -47,7 +49,7 @@ from dibs.schema import (
     aware,
     jobs,
     migrate,
-    translated,
+    tables_checked,
 )
 
 if TYPE_CHECKING:
@@ -78,6 +80,17 @@ class QueueStatus:
     counts: dict[str, int]
     oldest_ready_seconds: float | None
     finished_per_second: float
+
+
+def _warn_script_task(task_name: str, stacklevel: int) -> None:
+    warnings.warn(
+        f"task {task_name!r} is defined in a script run as __main__: a worker that imports the script's "
+        f"module names it {task_name.replace('__main__.', 'MODULE.', 1)!r} and never runs its jobs. "
+        f"Give it a stable name (@app.task(name={task_name.split('.', 1)[1]!r})) or define it in an "
+        "importable module",
+        DibsWarning,
+        stacklevel=stacklevel,
+    )
 
 
 class App:
@@ -168,8 +181,11 @@ class App:
     ) -> Task | Callable[[F], Task]:
         """Register a sync or async function as a task (its name defaults to ``module.function``)."""
 
-        def register(chosen: F) -> Task:
+        # The warning points at the decorated function: register() is one call deeper under a bare @app.task.
+        def register(chosen: F, stacklevel: int = 2) -> Task:
             task_name = name or f"{chosen.__module__}.{chosen.__qualname__}"
+            if name is None and task_name.startswith("__main__."):
+                _warn_script_task(task_name, stacklevel + 1)
             if task_name in self.tasks:
                 raise InvalidArgument(f"a task named {task_name!r} is already registered; give this one name=")
             seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
@@ -188,7 +204,12 @@ class App:
             self.tasks[task_name] = task
             return task
 
-        return register if function is None else register(function)
+        return register if function is None else register(function, stacklevel=3)
+
+    def task_named(self, name: str | Task) -> Task:
+        """The task registered under ``name``, or else the one task whose function is called ``name``
+        (``slow`` for ``tasks.slow``); UnknownTask, listing this app's tasks, when there is none or several."""
+        return task_named(self.tasks, name)
 
     def periodic(
         self,
@@ -340,16 +361,9 @@ class App:
     def _channel(self) -> str | None:
         return CHANNEL if self.notify else None
 
-    @contextmanager
-    def _tables(self) -> Iterator[None]:
+    def _tables(self) -> AbstractContextManager[None]:
         """Turn a statement's failure into SchemaMissing when the dibs tables are missing or out of date."""
-        try:
-            yield
-        except sa.exc.DBAPIError as error:
-            problem = translated(error, self.engine)
-            if problem is error:
-                raise
-            raise problem from error
+        return tables_checked(self.engine)
 
     def _write(self, conn: Any, work: Callable[[Connection], list[Job]]) -> list[Job]:
         with self._tables():
@@ -389,7 +403,7 @@ class App:
         limit: int = 50,
     ) -> list[Job]:
         """Jobs, newest first, filtered by state(s), queue and task name."""
-        query = sa.select(jobs).order_by(jobs.c.id.desc()).limit(limit)
+        query = sa.select(jobs).order_by(jobs.c.id.desc()).limit(checked_count(limit, "limit", minimum=0))
         if status is not None:
             wanted = [status] if isinstance(status, str) else list(status)
             unknown = set(wanted) - set(STATES)
@@ -397,9 +411,9 @@ class App:
                 raise InvalidArgument(f"unknown job state {sorted(unknown)}; states are {', '.join(STATES)}")
             query = query.where(jobs.c.status.in_(wanted))
         if queue is not None:
-            query = query.where(jobs.c.queue == queue)
+            query = query.where(jobs.c.queue == checked_text(queue, "queue", 100))
         if task is not None:
-            query = query.where(jobs.c.task == task)
+            query = query.where(jobs.c.task == checked_text(task, "task", TASK_NAME_LIMIT))
         with self._tables(), connected(self.engine) as conn:
             return [Job.from_row(row) for row in conn.execute(query)]
 
@@ -441,6 +455,7 @@ class App:
 
     def purge(self, *, older_than: timedelta = timedelta(0), statuses: Sequence[str] = FINISHED) -> int:
         """Delete finished jobs (of ``statuses``) that finished more than ``older_than`` ago; returns how many."""
+        older_than = timedelta(seconds=checked_seconds(older_than, "older_than", zero=True))
         wrong = set(statuses) - set(FINISHED)
         if wrong:
             raise InvalidArgument(f"only finished jobs can be purged ({', '.join(FINISHED)}), not {sorted(wrong)}")

@@ -9,26 +9,20 @@ has the key, else the live job is returned.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
+from dibs._checks import checked_moment, checked_name, checked_seconds, checked_text
 from dibs._errors import DibsError, InvalidArgument, UnknownQueue, UnknownTask
 from dibs.dialects import Backend, backend_for
 from dibs.dialects.base import resolve_times
 from dibs.queue.job import Job
-from dibs.queue.task import (
-    TASK_NAME,
-    Task,
-    checked_attempts,
-    checked_name,
-    checked_priority,
-)
+from dibs.queue.task import TASK_NAME_LIMIT, Task, checked_attempts, checked_priority
 from dibs.schema import LIVE, QUEUED, SCHEDULED, jobs
 
 _DELAY = "dibs_delay"
@@ -64,22 +58,7 @@ def new_job(
 ) -> NewJob:
     """Check every option of one job; InvalidArgument saying what to change for the first bad one."""
     arguments = {} if args is None else args
-    if not isinstance(arguments, Mapping) or not all(isinstance(name, str) for name in arguments):
-        raise InvalidArgument(
-            f"the arguments of a {task.name!r} job must be a dict of argument names to values, got {args!r}"
-        )
-    try:
-        encoded = json.dumps(arguments, allow_nan=False, separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise InvalidArgument(
-            f"the arguments of a {task.name!r} job are not JSON ({exc}); pass only str, int, float, bool, "
-            "None, lists and dicts, and turn other values (dates, ids, objects) into one of those first"
-        ) from exc
-    if len(encoded.encode()) > max_args_bytes:
-        raise InvalidArgument(
-            f"the arguments of a {task.name!r} job take {len(encoded.encode()):,} bytes as JSON, over the "
-            f"limit of {max_args_bytes:,}; store large data elsewhere and pass its id, or raise App(max_args_bytes=)"
-        )
+    encoded = _encoded(task, arguments, max_args_bytes)
     chosen_queue = task.queue if queue is None else checked_name(queue, "queue")
     if chosen_queue not in known_queues:
         raise UnknownQueue(
@@ -88,27 +67,19 @@ def new_job(
         )
     if run_at is not None and delay is not None:
         raise InvalidArgument("give run_at or delay, not both")
-    seconds: float | None = 0.0
+    seconds: float | None = 0.0 if delay is None else checked_seconds(delay, "delay", zero=True)
     when: datetime | None = None
-    if delay is not None:
-        seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
-        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds):
-            raise InvalidArgument(f"delay must be a number of seconds or a timedelta, got {delay!r}")
-        if seconds < 0:
-            raise InvalidArgument(f"delay must not be negative, got {delay!r}; use 0 (or leave it out) to run now")
-        seconds = float(seconds)
     if run_at is not None:
-        if not isinstance(run_at, datetime) or run_at.tzinfo is None:
-            raise InvalidArgument(
-                f"run_at must be a timezone-aware datetime, such as datetime.now(timezone.utc) + timedelta(minutes=5), "
-                f"got {run_at!r}"
-            )
-        when, seconds = run_at.astimezone(timezone.utc), None
+        when, seconds = checked_moment(run_at, "run_at"), None
     key = task.key_for(arguments) if ordering_key is None else ordering_key
-    for name, value in (("dedupe_key", dedupe_key), ("ordering_key", key)):
-        if value is not None and (not isinstance(value, str) or not 0 < len(value) <= _KEY_LIMIT):
-            raise InvalidArgument(f"{name} must be a string of 1 to {_KEY_LIMIT} characters, got {value!r}")
+    if dedupe_key is not None:
+        checked_text(dedupe_key, "dedupe_key", _KEY_LIMIT)
+    if key is not None:
+        checked_text(key, "ordering_key", _KEY_LIMIT)
     chosen_tag = task.tag if tag is None else checked_name(tag, "tag")
+    refusal = task.refusal(arguments)
+    if refusal is not None:
+        raise InvalidArgument(f"the arguments of a {task.name!r} job do not fit the task: {refusal}")
     values = {
         "task": task.name,
         "queue": chosen_queue,
@@ -123,6 +94,28 @@ def new_job(
         "tag": chosen_tag,
     }
     return NewJob(values=values, delay=seconds, run_at=when)
+
+
+def _encoded(task: Task, arguments: Any, max_args_bytes: int) -> str:
+    """A job's arguments as JSON text, within the size limit."""
+    if not isinstance(arguments, Mapping) or not all(isinstance(name, str) for name in arguments):
+        raise InvalidArgument(
+            f"the arguments of a {task.name!r} job must be a dict of argument names to values, got {arguments!r}"
+        )
+    try:
+        encoded = json.dumps(arguments, allow_nan=False, separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument(
+            f"the arguments of a {task.name!r} job are not JSON ({exc}); pass only str, int, float, bool, "
+            "None, lists and dicts, and turn other values (dates, ids, objects) into one of those first"
+        ) from exc
+    size = len(encoded.encode())
+    if size > max_args_bytes:
+        raise InvalidArgument(
+            f"the arguments of a {task.name!r} job take {size:,} bytes as JSON, over the limit of "
+            f"{max_args_bytes:,}; store large data elsewhere and pass its id, or raise App(max_args_bytes=)"
+        )
+    return encoded
 
 
 def insert_jobs(conn: Connection, new: Sequence[NewJob], notify_channel: str | None) -> list[Job]:
@@ -232,13 +225,20 @@ def _insert_deduplicated(conn: Connection, backend: Backend, job: NewJob) -> Job
 
 
 def task_named(tasks: Mapping[str, Task], name: object) -> Task:
-    """The registered task of that name; UnknownTask listing the registered ones otherwise."""
+    """The registered task of that name, or else the one task whose function has that name (``slow`` for
+    ``tasks.slow``); UnknownTask listing the registered ones otherwise."""
     if isinstance(name, Task):
         if tasks.get(name.name) is not name:
             raise UnknownTask(f"task {name.name!r} is registered with another app, not this one")
         return name
-    task = tasks.get(checked_name(name, "a task name", TASK_NAME))
-    if task is None:
-        known = ", ".join(sorted(tasks)) or "none yet"
-        raise UnknownTask(f"no task named {name!r} is registered; registered tasks: {known}")
-    return task
+    task = tasks.get(checked_name(name, "a task name", TASK_NAME_LIMIT))
+    if task is not None:
+        return task
+    by_function = [task for task in tasks.values() if task.function.__name__ == name]
+    if len(by_function) == 1:
+        return by_function[0]
+    known = ", ".join(sorted(tasks)) or "none yet"
+    if by_function:
+        names = ", ".join(sorted(task.name for task in by_function))
+        raise UnknownTask(f"{name!r} is the function of several tasks ({names}); name one of them in full")
+    raise UnknownTask(f"no task named {name!r} is registered; registered tasks: {known}")

@@ -26,12 +26,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, Row
 
+from dibs._checks import LONGEST, checked_name
 from dibs._errors import InvalidArgument
 from dibs.claim import claim
 from dibs.dialects import backend_for
 from dibs.engine import writing
 from dibs.queue.enqueue import insert_jobs, new_job
-from dibs.queue.task import Task, checked_name
+from dibs.queue.task import TASK_NAME_LIMIT, Task
 from dibs.schema import aware, periodic
 
 log = logging.getLogger("dibs.periodic")
@@ -57,8 +58,13 @@ class Periodic:
     def __post_init__(self) -> None:
         if (self.every is None) == (self.cron is None):
             raise InvalidArgument("a periodic job needs every= (a timedelta) or cron= (an expression), not both")
-        if self.every is not None and (not isinstance(self.every, timedelta) or self.every < timedelta(seconds=1)):
-            raise InvalidArgument(f"every= must be a timedelta of at least one second, got {self.every!r}")
+        if self.every is not None and (
+            not isinstance(self.every, timedelta) or not timedelta(seconds=1) <= self.every <= LONGEST
+        ):
+            raise InvalidArgument(
+                f"every= must be a timedelta of at least one second and at most {LONGEST.days:,} days (100 years), "
+                f"got {self.every!r}"
+            )
         if self.cron is not None:
             self.next_after(datetime.now(timezone.utc))  # raises InvalidArgument for a bad expression
         if self.missed not in MISSED_POLICIES:
@@ -139,7 +145,7 @@ def checked_periodic(
     options: Mapping[str, Any],
 ) -> Periodic:
     """A schedule, every argument checked; its jobs' arguments and options are checked as enqueue checks them."""
-    chosen = checked_name(name or task.name, "a periodic job's name")
+    chosen = checked_name(name or task.name, "a periodic job's name", TASK_NAME_LIMIT)
     fixed = {"dedupe_key", "run_at", "delay"} & set(options)
     if fixed:
         raise InvalidArgument(

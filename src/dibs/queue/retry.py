@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from datetime import timedelta
 
+from dibs._checks import checked_seconds
 from dibs._errors import InvalidArgument
 
 
@@ -24,10 +26,11 @@ class Retry:
     on: tuple[type[BaseException], ...] = (Exception,)
 
     def __post_init__(self) -> None:
-        for name in ("base", "factor", "cap"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-                raise InvalidArgument(f"Retry({name}=) must be a number >= 0, got {value!r}")
+        for name in ("base", "cap"):
+            checked_seconds(getattr(self, name), f"Retry({name}=)", zero=True)
+        factor = self.factor
+        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor < math.inf:
+            raise InvalidArgument(f"Retry(factor=) must be a number >= 0, got {factor!r}")
         if not isinstance(self.jitter, (int, float)) or not 0 <= self.jitter <= 1:
             raise InvalidArgument(f"Retry(jitter=) must be a fraction between 0 and 1, got {self.jitter!r}")
         if not isinstance(self.on, tuple) or not all(
@@ -41,7 +44,10 @@ class Retry:
 
     def delay(self, attempt: int) -> timedelta:
         """How long to wait before attempt ``attempt + 1``, after ``attempt`` attempts failed."""
-        seconds = min(self.cap, self.base * self.factor ** max(attempt - 1, 0))
+        try:
+            seconds = min(self.cap, self.base * self.factor ** max(attempt - 1, 0))
+        except OverflowError:  # the backoff outgrew a float long before: it is the cap
+            seconds = self.cap
         spread = seconds * self.jitter
         return timedelta(seconds=max(0.0, seconds + random.uniform(-spread, spread)))
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from dibs._checks import checked_count, checked_name, checked_seconds
 from dibs._errors import InvalidArgument
 from dibs.queue.retry import DEFAULT_RETRY, Retry
 
@@ -16,36 +15,16 @@ if TYPE_CHECKING:
     from dibs.queue.app import App
     from dibs.queue.job import Job
 
-#: Names of tasks, queues and tags: letters, digits and ``_ . : -``, so that they read well in logs,
-#: URLs and shells and can never be mistaken for SQL.
-NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,100}$")
-TASK_NAME = re.compile(r"^[A-Za-z0-9_.:\-]{1,200}$")
+#: The longest task name (the column's size); queue names and tags take up to 100 characters.
+TASK_NAME_LIMIT = 200
 
 OrderingKey = str | Callable[[Mapping[str, Any]], object] | None
 
 
-def checked_name(value: object, what: str, pattern: re.Pattern[str] = NAME) -> str:
-    """``value`` if it is a valid name, else InvalidArgument saying what a name may hold."""
-    if not isinstance(value, str) or not pattern.match(value):
-        limit = 200 if pattern is TASK_NAME else 100
-        raise InvalidArgument(f"{what} must be 1 to {limit} letters, digits or _ . : - characters, got {value!r}")
-    return value
-
-
-def positive_seconds(value: timedelta | float | int | None, what: str) -> float | None:
-    """A duration in seconds > 0, or None; InvalidArgument for anything else."""
-    if value is None:
-        return None
-    seconds = value.total_seconds() if isinstance(value, timedelta) else value
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
-        raise InvalidArgument(f"{what} must be a positive number of seconds or timedelta, got {value!r}")
-    return float(seconds)
-
-
 def checked_attempts(value: object, what: str = "max_attempts") -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not isinstance(value, int):
         raise InvalidArgument(f"{what} must be a whole number >= 1, got {value!r}")
-    return value
+    return checked_count(value, what)
 
 
 def checked_priority(value: object) -> int:
@@ -75,15 +54,19 @@ class Task:
     is_async: bool = field(init=False)
     wants_context: bool = field(init=False)
     signature: inspect.Signature = field(init=False, repr=False, compare=False)
+    #: misfit() by the argument names a job has: binding reads the names only, and a bulk enqueue has
+    #: thousands of jobs with the same names.
+    _misfits: dict[frozenset[str], str | None] = field(init=False, repr=False, compare=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        checked_name(self.name, "a task name", TASK_NAME)
+        checked_name(self.name, "a task name", TASK_NAME_LIMIT)
         checked_name(self.queue, "a queue name")
         checked_priority(self.priority)
         checked_attempts(self.max_attempts)
         if not isinstance(self.retry, Retry):
             raise InvalidArgument(f"retry must be a dibs.Retry, got {self.retry!r}")
-        object.__setattr__(self, "timeout", positive_seconds(self.timeout, "timeout"))
+        if self.timeout is not None:
+            object.__setattr__(self, "timeout", checked_seconds(self.timeout, "timeout"))
         if self.tag is not None:
             checked_name(self.tag, "a tag")
         if self.ordering_key is not None and not (isinstance(self.ordering_key, str) or callable(self.ordering_key)):
@@ -109,6 +92,20 @@ class Task:
         except TypeError as exc:
             return str(exc)
         return None
+
+    def refusal(self, args: Mapping[str, Any]) -> str | None:
+        """Why a job with these arguments can never run, as enqueue says it; None if they fit the function."""
+        names = frozenset(args)
+        if names in self._misfits:
+            return self._misfits[names]
+        if self.wants_context and "context" in names:
+            why: str | None = "context is not an argument a job can have: the worker passes it"
+        else:
+            misfit = self.misfit(dict.fromkeys(names | ({"context"} if self.wants_context else set())))
+            why = None if misfit is None else f"{misfit}; task {self.name!r} takes {self.parameters}"
+        if len(self._misfits) < 1000:
+            self._misfits[names] = why
+        return why
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the function directly, in this process, without a job."""

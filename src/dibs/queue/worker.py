@@ -42,13 +42,15 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import sqlalchemy as sa
 
+from dibs._checks import checked_count, checked_name, checked_seconds, checked_text
 from dibs._errors import InvalidArgument, SchemaMissing
 from dibs._signals import handle_stop_signals
 from dibs.dialects.base import Listener
-from dibs.lease import Lease
+from dibs.lease import OWNER_LIMIT, Lease
+from dibs.metrics import checked_metrics_port
 from dibs.queue.job import JobContext
 from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, ID_AT, TASK_AT, WorkLeft, error_text
-from dibs.queue.task import Task, checked_name
+from dibs.queue.task import Task
 from dibs.schema import CANCELLED, require_current, translated
 
 if TYPE_CHECKING:
@@ -192,34 +194,35 @@ class Worker:
         self.tags = sorted(checked_name(tag, "a tag") for tag in tags)
         # A job routed by enqueue(queue=...) to one of our queues may be of any registered task.
         self.task_names = sorted(app.tasks)
-        for value, what in ((concurrency, "concurrency"), (batch, "batch")):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise InvalidArgument(f"{what} must be a whole number >= 1, got {value!r}")
-        for number, what in ((lease, "lease"), (poll, "poll"), (upkeep_every, "upkeep_every")):
-            if isinstance(number, bool) or not isinstance(number, (int, float)) or number <= 0:
-                raise InvalidArgument(f"{what} must be a positive number of seconds, got {number!r}")
+        self.concurrency = checked_count(concurrency, "concurrency")
+        self.batch = self.concurrency if batch is None else checked_count(batch, "batch")
+        self.lease_seconds = checked_seconds(lease, "lease")
+        poll, upkeep_every = checked_seconds(poll, "poll"), checked_seconds(upkeep_every, "upkeep_every")
         if connections is not None and (type(connections) is not int or connections not in (1, 2)):
             raise InvalidArgument(
                 f"connections must be 1 or 2, got {connections!r}: 2 lets a claim run while successes are "
                 "written, 1 has them take turns"
             )
-        if isinstance(grace, bool) or not isinstance(grace, (int, float)) or grace < 0:
-            raise InvalidArgument(f"grace must be a number of seconds >= 0, got {grace!r}")
-        self.concurrency = concurrency
-        self.batch = batch or concurrency
-        self.lease_seconds = float(lease)
-        self.heartbeat_seconds = float(heartbeat) if heartbeat is not None else self.lease_seconds / 3
-        if isinstance(heartbeat, bool) or not 0 < self.heartbeat_seconds < self.lease_seconds:
+        grace = checked_seconds(grace, "grace", zero=True)
+        self.heartbeat_seconds = (
+            self.lease_seconds / 3 if heartbeat is None else checked_seconds(heartbeat, "heartbeat")
+        )
+        if not self.heartbeat_seconds < self.lease_seconds:
             raise InvalidArgument(
                 f"heartbeat must be a positive number of seconds below the lease ({lease:g}), got {heartbeat!r}; "
                 "a third of the lease (the default) renews it twice before it could expire"
             )
+        if retention is not None:
+            retention = timedelta(seconds=checked_seconds(retention, "retention", zero=True))
+        if metrics_port is not None:
+            checked_metrics_port(metrics_port)
         self.poll_seconds = float(poll)
         self.grace_seconds = float(grace)
         self.upkeep_seconds = float(upkeep_every)
         self.retention = retention
         self.burst = burst
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        checked_text(self.name, "name", OWNER_LIMIT)
         self.metrics_port = metrics_port
         self.handle_signals = handle_signals
         self.tune_gc = tune_gc
