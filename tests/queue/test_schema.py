@@ -196,7 +196,11 @@ def finished_and_live_jobs(qdb: QueueDatabase) -> tuple[dibs.App, dict[str, int]
 
 def test_purge_deletes_finished_jobs_and_keeps_live_ones(qdb: QueueDatabase) -> None:
     app, ids = finished_and_live_jobs(qdb)
+    assert app.purgeable(older_than=timedelta(hours=1)) == {}
     assert app.purge(older_than=timedelta(hours=1)) == 0
+    time.sleep(0.01)
+    assert app.purgeable() == {"succeeded": 1, "dead": 1, "cancelled": 1}
+    assert app.purgeable(statuses=["dead", "succeeded"]) == {"succeeded": 1, "dead": 1}
     assert app.purge(older_than=timedelta(0), statuses=["dead"]) == 1
     with pytest.raises(dibs.JobNotFound):
         app.get(ids["dead"])
