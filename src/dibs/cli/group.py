@@ -1,10 +1,5 @@
-"""The ``dibs`` command: create the tables, run workers, enqueue, inspect and manage jobs, relay and inspect
-outbox events, run the demo.
-
-The database comes from ``--db``, else ``$DIBS_DATABASE_URL``, else the SQLite file ``dibs.sqlite``.
-``APP`` is where an app lives, as ``module:attribute`` (``myproject.tasks:app``); the current directory
-is on the import path.
-"""
+"""The ``dibs`` group (its options, --version, -h) and the small commands of its own, init and demo; the
+other commands are in modules named after them."""
 
 from __future__ import annotations
 
@@ -12,18 +7,36 @@ import os
 
 import click
 
+import dibs
 from dibs.cli.enqueue import enqueue
 from dibs.cli.jobs import jobs
 from dibs.cli.outbox import outbox
-from dibs.cli.shared import run
+from dibs.cli.shared import DibsGroup, run
 from dibs.cli.status import status
 from dibs.cli.worker import worker
 from dibs.queue.app import App, database_url
 from dibs.schema import missing_tables
 
+HELP = """Create the dibs tables, run workers, enqueue, inspect and manage jobs, relay and inspect outbox
+events, run the demo.
 
-@click.group(help=__doc__)
-@click.option("--db", envvar="DIBS_DATABASE_URL", default=None, help="Database URL (default: sqlite:///dibs.sqlite).")
+The database comes from --db, else $DIBS_DATABASE_URL, else the SQLite file dibs.sqlite. APP is where an
+app lives, as module:attribute (myproject.tasks:app); the current directory is on the import path.
+
+Run dibs COMMAND -h for the options of a command.
+"""
+
+
+@click.group(cls=DibsGroup, help=HELP, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(dibs.__version__, "--version", "-V", prog_name="dibs", message="%(prog)s %(version)s")
+@click.option(
+    "--db",
+    envvar="DIBS_DATABASE_URL",
+    default=None,
+    metavar="URL",
+    help="Database URL, such as postgresql+psycopg://user@host/app [env: DIBS_DATABASE_URL; "
+    "default: sqlite:///dibs.sqlite].",
+)
 @click.pass_context
 def command(ctx: click.Context, db: str | None) -> None:
     ctx.ensure_object(dict)

@@ -1,23 +1,32 @@
-"""``dibs outbox``: relay outbox events to a broker; list, requeue, discard and purge them."""
+"""``dibs outbox``: relay outbox events to a broker; list, show, requeue, discard and purge them."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
+from typing import Any
 
 import click
 from rich.table import Table
 
-from dibs.cli.shared import console, fail, open_outbox, run
-from dibs.schema import EVENT_STATES
+from dibs.cli.shared import confirmed, console, existing, fail, open_outbox, purge_age, run
+from dibs.outbox import OutboxEvent
+from dibs.schema import ABANDONED, EVENT_STATES, FAILED
 
 
-@click.group(help="Relay outbox events to a broker; list, requeue, discard and purge them.")
+@click.group(help="Relay outbox events to a broker; list, show, requeue, discard and purge them.")
 def outbox() -> None:
     pass
 
 
-@outbox.command(help="Publish outbox events to the broker at --publisher until SIGTERM or SIGINT.")
+@outbox.command(
+    help="Publish outbox events to the broker at --publisher until SIGTERM or SIGINT. A signal stops claiming "
+    "and lets the batches in flight finish for up to --grace seconds; the events of a batch still in flight "
+    "then are given back and published again later (consumers drop duplicates by event id). A second signal "
+    "changes nothing: the relay still stops within --grace seconds."
+)
 @click.option(
     "--publisher",
     "-p",
@@ -37,7 +46,12 @@ def outbox() -> None:
     show_default=True,
     help="Whether a failing event holds back the later events of its aggregate.",
 )
-@click.option("--retention", default=None, type=float, help="Purge published events older than this many hours.")
+@click.option(
+    "--retention",
+    default=None,
+    type=float,
+    help="Delete events published more than this many hours ago (default: kept).",
+)
 @click.option("--burst", is_flag=True, help="Exit when no event is left to publish.")
 @click.pass_context
 def relay(
@@ -96,12 +110,18 @@ def outbox_status(ctx: click.Context) -> None:
 
 
 @outbox.command("list", help="Outbox events, oldest first.")
-@click.option("--status", "states", multiple=True, type=click.Choice(EVENT_STATES), help="Only this state.")
-@click.option("--target", default=None)
-@click.option("--aggregate-type", default=None)
-@click.option("--aggregate-id", default=None)
-@click.option("--limit", default=50, show_default=True)
-@click.option("--newest-first", is_flag=True)
+@click.option(
+    "--status",
+    "states",
+    multiple=True,
+    type=click.Choice(EVENT_STATES),
+    help="Only events in this state; repeat for more.",
+)
+@click.option("--target", default=None, help="Only the events meant for this target.")
+@click.option("--aggregate-type", default=None, help="Only the events of this aggregate type.")
+@click.option("--aggregate-id", default=None, help="Only the events of this aggregate id.")
+@click.option("--limit", default=50, show_default=True, help="At most this many events.")
+@click.option("--newest-first", is_flag=True, help="The newest events first.")
 @click.pass_context
 def list_events(
     ctx: click.Context,
@@ -140,29 +160,88 @@ def list_events(
     console().print(table)
 
 
-@outbox.command(help="Make failed or abandoned events pending again (IDS, or --all of them).")
-@click.argument("ids", nargs=-1, type=int)
+@outbox.command(help="Everything about event ID: its aggregate, type, state, times, headers, payload and last error.")
+@click.argument("event_id", metavar="ID", type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print the event as one JSON object.")
+@click.pass_context
+def show(ctx: click.Context, event_id: int, as_json: bool) -> None:
+    event: OutboxEvent = run(lambda: open_outbox(ctx).get(event_id))
+    fields = dataclasses.asdict(event)
+    fields["payload"] = event.payload
+    del fields["payload_json"]
+    if as_json:
+        click.echo(json.dumps(fields, default=_iso, indent=2))
+        return
+    click.echo(f"event {event.id}")
+    for name in ("target", "aggregate_type", "aggregate_id", "event_type", "status", "retry_count", "attempts"):
+        click.echo(f"  {name.replace('_', ' '):<16} {fields[name]}")
+    for name in ("created_at", "next_attempt_at", "published_at"):
+        moment = fields[name]
+        click.echo(f"  {name.replace('_', ' '):<16} {'-' if moment is None else _time(moment)}")
+    click.echo(f"  {'headers':<16} {json.dumps(event.headers)}")
+    click.echo("payload:\n" + json.dumps(event.payload, indent=2))
+    click.echo("last error:" + (f"\n{event.last_error.rstrip()}" if event.last_error else " -"))
+
+
+@outbox.command(help="Make the failed or abandoned events IDS (or --all of them) pending again.")
+@click.argument("ids", metavar="[IDS]...", nargs=-1, type=int)
 @click.option("--all", "everything", is_flag=True, help="Every failed or abandoned event.")
 @click.option("--target", default=None, help="With --all: only this target's.")
 @click.pass_context
 def requeue(ctx: click.Context, ids: tuple[int, ...], everything: bool, target: str | None) -> None:
     if bool(ids) == everything:
         fail("name the events to requeue by id, or pass --all (not both)")
-    count = run(lambda: open_outbox(ctx).requeue(None if everything else list(ids), target=target))
+    events = open_outbox(ctx)
+    _all_in(existing(ids, events.get), (FAILED, ABANDONED), "requeued")
+    count = run(lambda: events.requeue(None if everything else list(ids), target=target))
     click.echo(f"requeued {count:,} events")
 
 
-@outbox.command(help="Delete abandoned events for good, so that their aggregates go on.")
-@click.argument("ids", nargs=-1, type=int, required=True)
+@outbox.command(help="Delete the abandoned events IDS for good, so that their aggregates go on.")
+@click.argument("ids", metavar="IDS...", nargs=-1, type=int, required=True)
 @click.pass_context
 def discard(ctx: click.Context, ids: tuple[int, ...]) -> None:
-    count = run(lambda: open_outbox(ctx).discard(list(ids)))
+    events = open_outbox(ctx)
+    _all_in(existing(ids, events.get), (ABANDONED,), "discarded")
+    count = run(lambda: events.discard(list(ids)))
     click.echo(f"discarded {count:,} abandoned events")
 
 
-@outbox.command("purge", help="Delete published events older than --older-than hours.")
-@click.option("--older-than", default=0.0, show_default=True, help="Hours since they were published.")
+@outbox.command(
+    "purge",
+    help="Delete published events: those published more than --older-than hours ago, or --all of them. "
+    "Events not yet published, abandoned ones included, are never purged (discard deletes abandoned events "
+    "by id). It says how many it will delete and asks first (--yes does not ask).",
+)
+@click.option("--older-than", type=click.FloatRange(min=0), default=None, help="Hours since they were published.")
+@click.option("--all", "everything", is_flag=True, help="Every published event, however recent.")
+@click.option("--yes", "-y", is_flag=True, help="Delete without asking (for scripts).")
 @click.pass_context
-def purge_events(ctx: click.Context, older_than: float) -> None:
-    removed = run(lambda: open_outbox(ctx).purge(older_than=timedelta(hours=older_than)))
-    click.echo(f"purged {removed:,} published events")
+def purge_events(ctx: click.Context, older_than: float | None, everything: bool, yes: bool) -> None:
+    age = purge_age(older_than, everything)
+    events = open_outbox(ctx)
+    count = run(lambda: events.purgeable(older_than=age))
+    scope = "" if age == timedelta(0) else f" more than {older_than:g} hours ago"
+    if not count:
+        click.echo(f"no events published{scope}: nothing to delete")
+        return
+    if confirmed(f"this deletes {count:,} events published{scope}", yes):
+        removed = run(lambda: events.purge(older_than=age))
+        click.echo(f"deleted {removed:,} published events")
+
+
+def _all_in(found: list[OutboxEvent], states: tuple[str, ...], done: str) -> None:
+    """Fail, changing nothing, unless every one of these events is in one of ``states``."""
+    for event in found:
+        if event.status not in states:
+            fail(f"event {event.id} is {event.status}; only {' or '.join(states)} events can be {done}")
+
+
+def _time(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+
+
+def _iso(value: Any) -> str:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    raise TypeError(f"cannot show {value!r} as JSON")  # every field of an event is JSON or a time
