@@ -3,14 +3,20 @@ a destructive command says what it deletes and keeps dead letters, a missing id 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import select
+import subprocess
+import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from dibs.schema import jobs, outbox
-from tests.acceptance.test_cli import APP
+from tests.acceptance.test_cli import APP, DIBS
 from tests.acceptance.test_cli import dibs as run
 from tests.acceptance.test_cli_outbox import add_events
 
@@ -115,8 +121,8 @@ def test_jobs_show_prints_everything_including_the_full_traceback(database: str,
         'raise RuntimeError("this job always fails")',
     ):
         assert expected in shown.stdout
-    for time in ("enqueued at", "run at", "started at", "finished at"):
-        line = next(line for line in shown.stdout.splitlines() if line.strip().startswith(time))
+    for moment in ("enqueued at", "run at", "started at", "finished at"):
+        line = next(line for line in shown.stdout.splitlines() if line.strip().startswith(moment))
         assert line.rstrip().endswith("UTC"), line
 
     as_json = json.loads(run(database, tmp_path, "jobs", "show", "--json", str(ids["cancelled"])).stdout)
@@ -211,3 +217,28 @@ def test_outbox_purge_needs_an_age_or_all_and_never_takes_abandoned_events(datab
     # Abandoned events are dead letters: a purge never takes them, a discard by id does.
     assert states(database, "dibs_outbox") == {"abandoned": 1}
     assert "discarded 1 abandoned events" in run(database, tmp_path, "outbox", "discard", str(first)).stdout
+
+
+def test_at_a_terminal_purge_asks_and_a_no_deletes_nothing(tmp_path: Path) -> None:
+    pty = pytest.importorskip("pty", reason="asking needs a terminal, and this system has no pseudo-terminals")
+    database = f"sqlite:///{tmp_path / 'ask.sqlite'}"
+    finished_jobs(database, tmp_path)
+    for answer, expected, left in (("n", "nothing was deleted", 4), ("y", "deleted 2 succeeded, 1 cancelled", 1)):
+        terminal, inside = pty.openpty()
+        env = {**os.environ, "DIBS_DATABASE_URL": database}
+        purge = subprocess.Popen([DIBS, "jobs", "purge", "--all"], stdin=inside, stdout=inside, stderr=inside, env=env)
+        os.close(inside)
+        said, deadline = b"", time.monotonic() + 30
+        while b"delete them? [y/N]" not in said:
+            assert time.monotonic() < deadline, f"no question asked: {said!r}"
+            if select.select([terminal], [], [], 1)[0]:
+                said += os.read(terminal, 1024)
+        assert b"this deletes 2 succeeded, 1 cancelled jobs finished" in said
+        os.write(terminal, f"{answer}\n".encode())
+        assert purge.wait(30) == 0
+        with contextlib.suppress(OSError):  # the terminal is gone once the command ended
+            while chunk := os.read(terminal, 1024):
+                said += chunk
+        os.close(terminal)
+        assert expected in said.decode()
+        assert sum(states(database, "dibs_jobs").values()) == left
