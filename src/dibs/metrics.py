@@ -1,5 +1,8 @@
 """Prometheus metrics of a worker, served on a port when asked (``pip install "dibs[metrics]"``).
 
+They are served on the loopback interface unless an address is given: the metrics name queues and tasks,
+and a port open to every network should be a choice.
+
 Counters: jobs claimed and finished by outcome (succeeded, retried, dead, cancelled, released).
 Histograms: claim latency and job run time. Gauges, refreshed by the worker's upkeep: jobs per queue and
 state, and the age of the oldest runnable job per queue.
@@ -15,6 +18,9 @@ from dibs._errors import InvalidArgument
 
 if TYPE_CHECKING:
     from dibs.queue.app import QueueStatus
+
+#: Where metrics are served unless asked otherwise: this machine only.
+LOOPBACK = "127.0.0.1"
 
 
 def _prometheus() -> ModuleType:
@@ -70,7 +76,7 @@ class Metrics:
         )
 
     @classmethod
-    def serve(cls, port: int, address: str = "0.0.0.0") -> Metrics:
+    def serve(cls, port: int, address: str = LOOPBACK) -> Metrics:
         """Instruments served over HTTP at ``address:port/metrics``."""
         metrics = cls()
         metrics._server, _thread = _prometheus().start_http_server(port, addr=address, registry=metrics.registry)

@@ -20,7 +20,14 @@ ROOT = Path(__file__).resolve().parents[2]
 def dibs(database: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DIBS_DATABASE_URL": database, "DIBS_CLI_TEST_OUT": str(tmp_path / "out.txt")}
     return subprocess.run(
-        [DIBS, *args], capture_output=True, text=True, timeout=60, check=False, cwd=ROOT, env={**env, "COLUMNS": "200"}
+        [DIBS, *args],
+        capture_output=True,
+        stdin=subprocess.DEVNULL,  # as from a script: no terminal to ask on
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+        env={**env, "COLUMNS": "200"},
     )
 
 
@@ -56,8 +63,8 @@ def test_init_enqueue_work_and_inspect(database: str, tmp_path: Path) -> None:
     cancelled = dibs(database, tmp_path, "jobs", "cancel", dead_id)
     assert f"job {dead_id}: cancelled" in cancelled.stdout
 
-    purged = dibs(database, tmp_path, "jobs", "purge")
-    assert "purged 3 finished jobs" in purged.stdout
+    purged = dibs(database, tmp_path, "jobs", "purge", "--all", "--yes")
+    assert "deleted 2 succeeded, 1 cancelled jobs" in purged.stdout
     assert "no jobs yet" in dibs(database, tmp_path, "status").stdout
 
 
@@ -123,4 +130,4 @@ def test_sigterm_past_the_grace_period_ends_the_worker_process(database: str, tm
     _, err = worker.communicate(timeout=20)
     assert time.monotonic() - stopping < 10
     assert worker.returncode == 1
-    assert "1 sync job(s) were still running past the grace period" in err
+    assert "1 sync job(s) were still running when the worker stopped (past the grace period" in err

@@ -117,8 +117,8 @@ def test_relay_inspect_requeue_and_purge(database: str, tmp_path: Path, stream: 
         mine = [event_id for event_id in published if (event_id - ids[0]) % 3 == aggregate]
         assert mine == sorted(mine)
 
-    purged = run(database, tmp_path, "outbox", "purge")
-    assert "purged 6 published events" in purged.stdout
+    purged = run(database, tmp_path, "outbox", "purge", "--all", "--yes")
+    assert "deleted 6 published events" in purged.stdout
     assert "no outbox events yet" in run(database, tmp_path, "outbox", "status").stdout
 
 

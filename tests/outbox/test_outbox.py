@@ -559,10 +559,12 @@ def test_purge_deletes_published_events_older_than_the_cutoff_only(odb: OutboxDa
     new_begun = time.monotonic()
     ids = in_states(outbox)  # one published now, one each of the other states
 
+    assert outbox.purgeable(older_than=timedelta(hours=1)) == 0
     assert outbox.purge(older_than=timedelta(hours=1)) == 0
     # A cutoff halfway between the two ages, however long the steps since took on a busy machine.
     now = time.monotonic()
     cutoff = ((now - old_published) + (now - new_begun)) / 2
+    assert outbox.purgeable(older_than=timedelta(seconds=cutoff)) == 2
     assert outbox.purge(older_than=timedelta(seconds=cutoff)) == 2
     assert sorted(statuses(outbox)) == sorted(ids.values())
     for event_id in old.values():

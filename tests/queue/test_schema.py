@@ -196,7 +196,11 @@ def finished_and_live_jobs(qdb: QueueDatabase) -> tuple[dibs.App, dict[str, int]
 
 def test_purge_deletes_finished_jobs_and_keeps_live_ones(qdb: QueueDatabase) -> None:
     app, ids = finished_and_live_jobs(qdb)
+    assert app.purgeable(older_than=timedelta(hours=1)) == {}
     assert app.purge(older_than=timedelta(hours=1)) == 0
+    time.sleep(0.01)
+    assert app.purgeable() == {"succeeded": 1, "dead": 1, "cancelled": 1}
+    assert app.purgeable(statuses=["dead", "succeeded"]) == {"succeeded": 1, "dead": 1}
     assert app.purge(older_than=timedelta(0), statuses=["dead"]) == 1
     with pytest.raises(dibs.JobNotFound):
         app.get(ids["dead"])
@@ -305,6 +309,57 @@ def test_a_worker_serves_prometheus_metrics(qdb: QueueDatabase) -> None:
         scrape(port)
     with socket.create_server(("127.0.0.1", port)):
         pass
+
+
+def outward_address() -> str | None:
+    """This machine's address on its network (not loopback), if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 9))  # no packet is sent: this only picks the route's address
+        except OSError:
+            return None
+        address: str = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def answers(address: str, port: int) -> bool:
+    try:
+        with socket.create_connection((address, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("address", [None, "0.0.0.0"])
+def test_metrics_are_served_on_loopback_unless_an_address_opens_them_wider(
+    qdb: QueueDatabase, address: str | None
+) -> None:
+    outward = outward_address()
+    if outward is None:
+        pytest.skip("this machine has no network address besides loopback to try the metrics port from")
+    app = qdb.app()
+
+    @app.task(name="work.ok")
+    def ok() -> None: ...
+
+    port = free_port()
+    running = qdb.start(app, metrics_port=port, **({} if address is None else {"metrics_address": address}))
+    try:
+        wait_until(lambda: answers("127.0.0.1", port), timeout=10, what="the metrics port to open")
+        assert answers(outward, port) is (address == "0.0.0.0")
+    finally:
+        running.stop()
+
+
+def test_a_bad_metrics_address_is_refused_when_the_worker_is_made(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+
+    @app.task(name="work.ok")
+    def ok() -> None: ...
+
+    for address in ("", None, 127):
+        with pytest.raises(dibs.InvalidArgument, match="metrics_address must be a host name or IP address"):
+            qdb.worker(app, metrics_port=free_port(), metrics_address=address)
 
 
 def test_migrations_record_when_they_ran_in_utc_whatever_the_session_time_zone(empty_db: QueueDatabase) -> None:

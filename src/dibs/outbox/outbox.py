@@ -333,6 +333,10 @@ class Outbox:
                 total += purged
         return total
 
+    def purgeable(self, *, older_than: timedelta = timedelta(0)) -> int:
+        """How many events :meth:`purge` with this age would delete now; nothing is deleted."""
+        return self.store.purgeable(self.engine, older_than)
+
     def discard(self, ids: Iterable[int]) -> int:
         """Delete abandoned events for good (under ``block``, this lets their aggregates go on); returns how many."""
         chosen = [_event_id(value) for value in ids]

@@ -23,6 +23,7 @@ from dibs._errors import InvalidArgument
 from dibs.claim import claim
 from dibs.dialects import backend_for
 from dibs.dialects.base import constant, moment
+from dibs.engine import connected
 from dibs.lease import Lease, Leases
 from dibs.schema import ABANDONED, FAILED, PENDING, PROCESSING, PUBLISHED, outbox
 
@@ -178,12 +179,15 @@ class OutboxStore:
 
     def purge(self, conn: Engine | Connection, older_than: timedelta, limit: int = 10_000) -> int:
         """Delete up to ``limit`` events published more than ``older_than`` ago; returns how many."""
-        cutoff = moment(self.backend, -older_than.total_seconds())
-        rows = claim(
-            conn,
-            outbox,
-            where=[outbox.c.status == PUBLISHED, outbox.c.published_at < cutoff],
-            delete=True,
-            limit=limit,
-        )
+        rows = claim(conn, outbox, where=self._purged(older_than), delete=True, limit=limit)
         return len(rows)
+
+    def purgeable(self, conn: Engine | Connection, older_than: timedelta) -> int:
+        """How many events purge() with this age would delete."""
+        query = sa.select(sa.func.count()).select_from(outbox).where(*self._purged(older_than))
+        with connected(conn) as connection:
+            return int(connection.execute(query).scalar_one())
+
+    def _purged(self, older_than: timedelta) -> list[sa.ColumnElement[bool]]:
+        cutoff = moment(self.backend, -older_than.total_seconds())
+        return [outbox.c.status == PUBLISHED, outbox.c.published_at < cutoff]

@@ -464,6 +464,11 @@ class App:
             total += purged
         return total
 
+    def purgeable(self, *, older_than: timedelta = timedelta(0), statuses: Sequence[str] = FINISHED) -> dict[str, int]:
+        """How many jobs :meth:`purge` with these arguments would delete now, per state; nothing is deleted."""
+        with self._tables():
+            return self.store.purgeable(self.engine, older_than, statuses)
+
     def status(self) -> list[QueueStatus]:
         """Per queue: jobs per state, the oldest runnable job's wait, and recent throughput."""
         backend = backend_for(self.engine.dialect)

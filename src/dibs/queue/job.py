@@ -35,6 +35,8 @@ class Job:
     last_error: str | None
     lease_owner: str | None
     cancel_requested: bool
+    #: When the lease of the worker running it runs out, unless renewed (None when no worker holds it).
+    lease_expires_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Job:
@@ -58,6 +60,7 @@ class Job:
             last_error=values["last_error"],
             lease_owner=values["lease_owner"],
             cancel_requested=bool(values["cancel_requested"]),
+            lease_expires_at=aware(values["lease_expires_at"]),
         )
 
 

@@ -272,15 +272,20 @@ class JobStore:
         self, conn: Engine | Connection, older_than: timedelta, statuses: Sequence[str] = FINISHED, limit: int = 10_000
     ) -> int:
         """Delete up to ``limit`` finished jobs that finished more than ``older_than`` ago; returns how many."""
-        cutoff = moment(self.backend, -older_than.total_seconds())
-        rows = claim(
-            conn,
-            jobs,
-            where=[jobs.c.status.in_(list(statuses)), jobs.c.finished_at < cutoff],
-            delete=True,
-            limit=limit,
-        )
+        rows = claim(conn, jobs, where=self._purged(older_than, statuses), delete=True, limit=limit)
         return len(rows)
+
+    def purgeable(self, conn: Engine | Connection, older_than: timedelta, statuses: Sequence[str]) -> dict[str, int]:
+        """How many jobs purge() with these arguments would delete, per state (states with none left out)."""
+        query = (
+            sa.select(jobs.c.status, sa.func.count()).where(*self._purged(older_than, statuses)).group_by(jobs.c.status)
+        )
+        with connected(conn) as connection:
+            return {str(state): int(count) for state, count in connection.execute(query).all()}
+
+    def _purged(self, older_than: timedelta, statuses: Sequence[str]) -> list[sa.ColumnElement[bool]]:
+        cutoff = moment(self.backend, -older_than.total_seconds())
+        return [jobs.c.status.in_(list(statuses)), jobs.c.finished_at < cutoff]
 
 
 def error_text(error: BaseException, formatted: str) -> str:

@@ -146,7 +146,8 @@ class Worker:
     before another worker may take the job over; renewed every ``heartbeat`` seconds. ``poll``: the
     longest wait between looks for work when idle.
     ``grace``: seconds running jobs get to finish at shutdown. ``retention``: purge finished jobs older
-    than this. ``metrics_port``: serve Prometheus metrics on this port. ``connections``: the database
+    than this. ``metrics_port``: serve Prometheus metrics on this port, on ``metrics_address`` (default
+    127.0.0.1, this machine only; ``"0.0.0.0"`` serves every interface). ``connections``: the database
     connections the worker holds for its statements, 1 or 2, besides the one a PostgreSQL worker listens
     on for notifications (default: 2, and 1 on SQLite, which takes one writer at a time):
     with 2 a claim runs while successes are written; with 1 they take turns, which costs a lone worker
@@ -176,6 +177,7 @@ class Worker:
         burst: bool = False,
         name: str | None = None,
         metrics_port: int | None = None,
+        metrics_address: str = "127.0.0.1",
         handle_signals: bool = True,
         connections: int | None = None,
         tune_gc: bool = False,
@@ -223,7 +225,10 @@ class Worker:
         self.burst = burst
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         checked_text(self.name, "name", OWNER_LIMIT)
+        if not isinstance(metrics_address, str) or not metrics_address:
+            raise InvalidArgument(f"metrics_address must be a host name or IP address, got {metrics_address!r}")
         self.metrics_port = metrics_port
+        self.metrics_address = metrics_address
         self.handle_signals = handle_signals
         self.tune_gc = tune_gc
         self.stats = WorkerStats()
@@ -831,7 +836,7 @@ class Worker:
             return
         from dibs.metrics import Metrics
 
-        self.metrics = Metrics.serve(self.metrics_port)
+        self.metrics = Metrics.serve(self.metrics_port, self.metrics_address)
 
     def _report(self, error: Exception) -> bool:
         """Log that the dibs tables are missing, once a minute while they are; False for any other error."""

@@ -1,0 +1,5 @@
+"""``python -m dibs.cli`` runs the dibs command."""
+
+from dibs.cli import main
+
+main()

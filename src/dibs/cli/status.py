@@ -1,0 +1,45 @@
+"""``dibs status``: jobs per queue and state, and the periodic jobs."""
+
+from __future__ import annotations
+
+import click
+from rich.table import Table
+
+from dibs.cli.shared import console as _console
+from dibs.cli.shared import open_app as _app
+from dibs.cli.shared import run as _run
+from dibs.schema import STATES
+
+
+@click.command(help="Jobs per queue and state, the oldest runnable job's wait, throughput, periodic jobs.")
+@click.pass_context
+def status(ctx: click.Context) -> None:
+    statuses = _run(_app(ctx).status)
+    table = Table(title="dibs queues")
+    table.add_column("queue")
+    for state in STATES:
+        table.add_column(state, justify="right")
+    table.add_column("oldest ready", justify="right")
+    table.add_column("finished/s (1 min)", justify="right")
+    for row in statuses:
+        oldest = "-" if row.oldest_ready_seconds is None else f"{row.oldest_ready_seconds:.1f}s"
+        table.add_row(
+            row.queue, *(f"{row.counts[state]:,}" for state in STATES), oldest, f"{row.finished_per_second:.1f}"
+        )
+    console = _console()
+    console.print(table if statuses else "no jobs yet")
+    schedules = _run(_app(ctx).periodic_status)
+    if schedules:
+        periodic = Table(title="periodic jobs")
+        for column in ("name", "task", "schedule", "next slot (UTC)", "last slot (UTC)", "last job"):
+            periodic.add_column(column)
+        for row in schedules:
+            periodic.add_row(
+                row.name,
+                row.task,
+                row.schedule,
+                row.next_slot_at.strftime("%Y-%m-%d %H:%M:%S"),
+                "-" if row.last_slot_at is None else row.last_slot_at.strftime("%Y-%m-%d %H:%M:%S"),
+                "-" if row.last_job_id is None else str(row.last_job_id),
+            )
+        console.print(periodic)
