@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -30,9 +30,6 @@ from sqlalchemy.engine import Connection, Engine
 from dibs.dialects import backend_for
 from dibs.engine import connected, writing
 from dibs.schema import DEAD_AFTER_LEASES, QUEUED, aware, jobs, workers
-
-if TYPE_CHECKING:
-    from dibs.queue.worker import Worker
 
 log = logging.getLogger("dibs.worker")
 
@@ -73,6 +70,32 @@ class StrandedJobs:
     oldest_seconds: float
     #: Why no live worker takes them, for a person to read.
     reason: str
+
+
+class _HasEngine(Protocol):
+    @property
+    def engine(self) -> Engine: ...
+
+
+class Serving(Protocol):
+    """What the registry reads of a worker (a :class:`dibs.Worker`)."""
+
+    @property
+    def app(self) -> _HasEngine: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def queues(self) -> Sequence[str]: ...
+    @property
+    def task_names(self) -> Sequence[str]: ...
+    @property
+    def tags(self) -> Sequence[str]: ...
+    @property
+    def concurrency(self) -> int: ...
+    @property
+    def lease_seconds(self) -> float: ...
+    @property
+    def heartbeat_seconds(self) -> float: ...
 
 
 # -- one worker's row --------------------------------------------------------------------------------------
@@ -128,7 +151,7 @@ class Registration:
             conn.execute(sa.delete(workers).where(workers.c.name == self.name))
 
 
-async def keep_registered(worker: Worker, call: Callable[..., Awaitable[Any]]) -> None:
+async def keep_registered(worker: Serving, call: Callable[..., Awaitable[Any]]) -> None:
     """A worker's chore: register it, beat every heartbeat and sweep dead rows every lease, until cancelled;
     then delete its row. Database errors are logged and tried again at the next beat."""
     registration = Registration(
