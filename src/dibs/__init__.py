@@ -22,7 +22,7 @@ from dibs.due import DueScheduler, DueStats, add_due_columns, due_columns
 from dibs.engine import create_async_engine, create_engine
 from dibs.lease import Claimer, Lease, Leases, lease_columns
 from dibs.outbox import Outbox, OutboxEvent, OutboxStatus, Relay, RelayStats
-from dibs.queue import App, Job, JobContext, QueueStatus, Retry, Task, Worker, WorkerStats
+from dibs.queue import App, Job, JobContext, QueueStatus, Retry, StrandedJobs, Task, Worker, WorkerStats, WorkerStatus
 from dibs.schema import Timestamp, migrate
 
 __version__ = "0.1.0.dev0"
@@ -54,12 +54,14 @@ __all__ = [
     "RelayStats",
     "Retry",
     "SchemaMissing",
+    "StrandedJobs",
     "Task",
     "Timestamp",
     "UnknownQueue",
     "UnknownTask",
     "Worker",
     "WorkerStats",
+    "WorkerStatus",
     "aclaim",
     "add_due_columns",
     "claim",

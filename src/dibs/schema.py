@@ -11,6 +11,12 @@ reads pending events only, and the check that an event heads its aggregate reads
 
 ``dibs_periodic`` holds one row per periodic job schedule and the next slot it is due at.
 
+``dibs_workers`` holds one row per running worker: what it serves and when it last beat, so that
+``dibs status`` can tell which queued jobs no live worker can take.
+
+Every name and key (a task, a queue, a dedupe key, an aggregate...) is a :class:`Name` column: it compares
+byte for byte on every database, as it does in Python.
+
 ``dibs_schema`` records which migrations have run. :func:`migrate` runs the missing ones in order;
 ``dibs init`` calls it.
 """
@@ -30,6 +36,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from dibs._errors import SchemaMissing
 from dibs.dialects import backend_for
+from dibs.dialects.base import Name
 from dibs.engine import connected
 
 #: A point in time with microseconds on every backend: timestamptz on PostgreSQL, DATETIME(6) holding
@@ -70,6 +77,7 @@ DEFAULT_TARGET = "default"
 JOBS = "dibs_jobs"
 OUTBOX = "dibs_outbox"
 PERIODIC = "dibs_periodic"
+WORKERS = "dibs_workers"
 SCHEMA = "dibs_schema"
 
 metadata = sa.MetaData()
@@ -78,21 +86,21 @@ jobs = sa.Table(
     JOBS,
     metadata,
     sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
-    sa.Column("task", sa.String(200), nullable=False),
-    sa.Column("queue", sa.String(100), nullable=False),
+    sa.Column("task", Name(200), nullable=False),
+    sa.Column("queue", Name(100), nullable=False),
     sa.Column("args", _LongText, nullable=False),
     sa.Column("priority", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("status", Name(16), nullable=False),
     sa.Column("run_at", Timestamp, nullable=False),
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
     sa.Column("max_attempts", sa.Integer, nullable=False),
-    sa.Column("lease_owner", sa.String(200), nullable=True),
+    sa.Column("lease_owner", Name(200), nullable=True),
     sa.Column("lease_expires_at", Timestamp, nullable=True),
     sa.Column("lease_token", sa.BigInteger, nullable=False, server_default="0"),
     # Set while the job is live, cleared when it finishes: the unique index then allows one live job per key.
-    sa.Column("dedupe_key", sa.String(200), nullable=True),
-    sa.Column("ordering_key", sa.String(200), nullable=True),
-    sa.Column("tag", sa.String(100), nullable=True),
+    sa.Column("dedupe_key", Name(200), nullable=True),
+    sa.Column("ordering_key", Name(200), nullable=True),
+    sa.Column("tag", Name(100), nullable=True),
     sa.Column("cancel_requested", sa.Boolean, nullable=False, server_default=sa.false()),
     sa.Column("enqueued_at", Timestamp, nullable=False),
     sa.Column("started_at", Timestamp, nullable=True),
@@ -163,19 +171,19 @@ outbox = sa.Table(
     metadata,
     sa.Column("id", sa.BigInteger().with_variant(sa.Integer, "sqlite"), primary_key=True, autoincrement=True),
     # The broker (or relay) the event is meant for: relays take the events of their target only.
-    sa.Column("target", sa.String(100), nullable=False, server_default=DEFAULT_TARGET),
-    sa.Column("aggregate_type", sa.String(200), nullable=False),
-    sa.Column("aggregate_id", sa.String(200), nullable=False),
-    sa.Column("event_type", sa.String(200), nullable=False),
+    sa.Column("target", Name(100), nullable=False, server_default=DEFAULT_TARGET),
+    sa.Column("aggregate_type", Name(200), nullable=False),
+    sa.Column("aggregate_id", Name(200), nullable=False),
+    sa.Column("event_type", Name(200), nullable=False),
     sa.Column("payload", _LongText, nullable=False),
     sa.Column("headers", sa.Text, nullable=True),
-    sa.Column("status", sa.String(16), nullable=False, server_default=PENDING),
+    sa.Column("status", Name(16), nullable=False, server_default=PENDING),
     sa.Column("created_at", Timestamp, nullable=False),
     sa.Column("next_attempt_at", Timestamp, nullable=True),
     # Failed publishes so far; claims so far (a relay that dies mid-batch counts a claim, not a failure).
     sa.Column("retry_count", sa.Integer, nullable=False, server_default="0"),
     sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
-    sa.Column("lease_owner", sa.String(200), nullable=True),
+    sa.Column("lease_owner", Name(200), nullable=True),
     sa.Column("lease_expires_at", Timestamp, nullable=True),
     sa.Column("lease_token", sa.BigInteger, nullable=False, server_default="0"),
     sa.Column("last_error", _LongText, nullable=True),
@@ -220,15 +228,35 @@ _partial("dibs_outbox_published", [outbox.c.published_at], "status = 'published'
 periodic = sa.Table(
     PERIODIC,
     metadata,
-    sa.Column("name", sa.String(200), primary_key=True),
-    sa.Column("task", sa.String(200), nullable=False),
+    sa.Column("name", Name(200), primary_key=True),
+    sa.Column("task", Name(200), nullable=False),
     # "every 300s" or "cron */5 * * * *": a changed schedule starts again from the next slot.
-    sa.Column("schedule", sa.String(200), nullable=False),
+    sa.Column("schedule", Name(200), nullable=False),
     sa.Column("next_slot_at", Timestamp, nullable=False),
     sa.Column("last_slot_at", Timestamp, nullable=True),
     sa.Column("last_job_id", sa.BigInteger, nullable=True),
     sa.Column("updated_at", Timestamp, nullable=False),
 )
+
+# Running workers. A worker writes its row as it starts, beats in it, and deletes it as it stops; the row of a
+# worker that stopped beating for DEAD_AFTER_LEASES of its leases (it was killed) counts as dead.
+workers = sa.Table(
+    WORKERS,
+    metadata,
+    sa.Column("name", Name(200), primary_key=True),
+    sa.Column("host", Name(255), nullable=False),
+    sa.Column("pid", sa.Integer, nullable=False),
+    # JSON lists of names.
+    sa.Column("queues", _LongText, nullable=False),
+    sa.Column("tasks", _LongText, nullable=False),
+    sa.Column("tags", _LongText, nullable=False),
+    sa.Column("concurrency", sa.Integer, nullable=False),
+    sa.Column("lease_seconds", sa.Float, nullable=False),
+    sa.Column("started_at", Timestamp, nullable=False),
+    sa.Column("last_heartbeat", Timestamp, nullable=False),
+)
+#: A worker whose heartbeat is older than this many of its leases is dead: its row is ignored and removed.
+DEAD_AFTER_LEASES = 3
 
 schema_versions = sa.Table(
     SCHEMA,
@@ -262,10 +290,25 @@ def _create_periodic(conn: Connection) -> None:
     periodic.create(conn, checkfirst=True)
 
 
+def _exact_names_and_workers(conn: Connection) -> None:
+    present = set(sa.inspect(conn).get_table_names())
+    backend = backend_for(conn.dialect)
+    for table in (jobs, outbox, periodic):
+        if table.name in present:
+            backend.make_names_exact(conn, table)
+    workers.create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, description="the jobs table", apply=_create_jobs, creates=JOBS),
     Migration(version=2, description="the outbox table", apply=_create_outbox, creates=OUTBOX),
     Migration(version=3, description="the periodic jobs table", apply=_create_periodic, creates=PERIODIC),
+    Migration(
+        version=4,
+        description="names and keys compare byte for byte on MySQL and MariaDB; the workers table",
+        apply=_exact_names_and_workers,
+        creates=WORKERS,
+    ),
 )
 #: The schema version this dibs needs.
 LATEST = max(step.version for step in MIGRATIONS)

@@ -1,13 +1,16 @@
-"""``dibs status``: jobs per queue and state, and the periodic jobs."""
+"""``dibs status``: jobs per queue and state, live workers, jobs none of them can take, periodic jobs."""
 
 from __future__ import annotations
 
 import click
+from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dibs.cli.shared import console as _console
 from dibs.cli.shared import open_app as _app
 from dibs.cli.shared import run as _run
+from dibs.queue.app import App
 from dibs.schema import STATES
 
 
@@ -28,6 +31,7 @@ def status(ctx: click.Context) -> None:
         )
     console = _console()
     console.print(table if statuses else "no jobs yet")
+    _print_workers(console, _app(ctx))
     schedules = _run(_app(ctx).periodic_status)
     if schedules:
         periodic = Table(title="periodic jobs")
@@ -43,3 +47,39 @@ def status(ctx: click.Context) -> None:
                 "-" if row.last_job_id is None else str(row.last_job_id),
             )
         console.print(periodic)
+
+
+def _print_workers(console: Console, app: App) -> None:
+    """The live workers, and a warning for the queued jobs none of them can take."""
+    workers = _run(app.workers)
+    if workers:
+        table = Table(title="live workers")
+        for column in ("name", "host", "pid", "queues", "concurrency", "last heartbeat"):
+            table.add_column(column, justify="right" if column in ("pid", "concurrency") else "left")
+        for worker in workers:
+            table.add_row(
+                escape(worker.name),
+                escape(worker.host),
+                str(worker.pid),
+                escape(",".join(worker.queues)),
+                str(worker.concurrency),
+                f"{worker.heartbeat_age_seconds:.1f}s ago",
+            )
+        console.print(table)
+    else:
+        console.print("no live workers")
+    stranded = _run(app.stranded_jobs)
+    if stranded:
+        warning = Table(title="[bold yellow]warning: queued jobs no live worker can take[/]")
+        for column in ("queue", "task", "tag", "jobs", "oldest", "why"):
+            warning.add_column(column, justify="right" if column in ("jobs", "oldest") else "left")
+        for group in stranded:
+            warning.add_row(
+                escape(group.queue),
+                escape(group.task),
+                escape(group.tag or "-"),
+                f"{group.count:,}",
+                f"{group.oldest_seconds:.1f}s",
+                escape(group.reason),
+            )
+        console.print(warning)

@@ -94,6 +94,15 @@ class ClaimRequest:
         return resolve_times({LIMIT: self.limit, **self.parameters})
 
 
+class Name(sa.String):
+    """A string column that compares byte for byte, trailing spaces included, as dibs's names and keys must.
+
+    PostgreSQL and SQLite compare strings so by default. A backend whose default collation folds case or
+    accents, or pads with spaces, gives the column a binary collation when it renders its DDL, and brings
+    columns of earlier tables to it in :meth:`Backend.make_names_exact`.
+    """
+
+
 class Constant(ColumnElement[Any]):
     """A value written into the statement's text, as the dialect writes literals, instead of bound: see
     :func:`constant`."""
@@ -238,6 +247,11 @@ class Backend(Protocol):
         """
         ...
 
+    def make_names_exact(self, conn: Connection, table: sa.Table) -> None:
+        """Bring the :class:`Name` columns of ``table``, made by an earlier dibs, to compare byte for byte
+        (nothing where the database's strings always did)."""
+        ...
+
     def notify(self, channel: str) -> sa.Executable | None:
         """A statement that wakes the listeners of ``channel`` when its transaction commits (its
         ``dibs_payload`` parameter is the message), or None where the database cannot."""
@@ -294,6 +308,9 @@ class BackendDefaults:
         # No conflict clause this backend is known to have: a plain INSERT, whose duplicate-key error the
         # caller handles (outside a transaction of its own, where that error is harmless).
         return sa.insert(table)
+
+    def make_names_exact(self, conn: Connection, table: sa.Table) -> None:
+        return None
 
     def notify(self, channel: str) -> sa.Executable | None:
         return None

@@ -7,6 +7,10 @@ that follows would then race. READ COMMITTED keeps InnoDB from taking gap locks 
 range, which would otherwise block every concurrent enqueue into that range.
 
 Times come from ``UTC_TIMESTAMP(6)``, the server's clock in UTC with microseconds.
+
+Names and keys (:class:`~dibs.dialects.base.Name` columns) get a binary collation without trailing-space
+padding: the servers' default collations fold case and accents, and their ``utf8mb4_bin`` still takes
+``'k'`` and ``'k '`` for equal.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Row
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.schema import CreateColumn
 from sqlalchemy.sql import ColumnElement
 
 from dibs.dialects.base import (
@@ -24,6 +30,7 @@ from dibs.dialects.base import (
     BackendDefaults,
     ClaimRequest,
     ClaimStrategy,
+    Name,
     StatementCache,
     explicit_transaction,
     in_key_order,
@@ -38,6 +45,25 @@ from dibs.dialects.portable import PORTABLE_INSTEAD, PortableClaim
 
 MYSQL_SKIP_LOCKED_SINCE = (8, 0, 1)
 MARIADB_SKIP_LOCKED_SINCE = (10, 6)
+#: The binary collations that compare trailing spaces too, and the first versions that have them. Older
+#: servers get ``utf8mb4_bin``, where only trailing spaces are ignored.
+MARIADB_NO_PAD = ("utf8mb4_nopad_bin", (10, 2, 2))
+MYSQL_NO_PAD = ("utf8mb4_0900_bin", (8, 0, 17))
+PAD_SPACE_BIN = "utf8mb4_bin"
+
+
+def exact_collation(dialect: Dialect) -> str:
+    """The collation that compares names byte for byte on this server (the newest kind before the first
+    connection, when the version is not known yet)."""
+    collation, since = MARIADB_NO_PAD if getattr(dialect, "is_mariadb", False) else MYSQL_NO_PAD
+    version = server_version(dialect)
+    return collation if not version or version >= since else PAD_SPACE_BIN
+
+
+@compiles(Name, "mysql")
+@compiles(Name, "mariadb")
+def _name_ddl(name: Name, compiler: Any, **_: Any) -> str:
+    return f"VARCHAR({name.length}) CHARACTER SET utf8mb4 COLLATE {exact_collation(compiler.dialect)}"
 
 
 class _Statements(NamedTuple):
@@ -126,6 +152,22 @@ class MySQL(BackendDefaults):
         return since <= sa.func.timestampadd(
             sa.literal_column("MICROSECOND"), -sa.func.round(seconds * 1_000_000), sa.func.utc_timestamp(6)
         )
+
+    def make_names_exact(self, conn: Connection, table: sa.Table) -> None:
+        wanted = exact_collation(conn.dialect)
+        columns = sa.text(
+            "SELECT column_name, collation_name FROM information_schema.columns "
+            "WHERE table_schema = DATABASE() AND table_name = :table"
+        )
+        found: dict[str, str | None] = dict(conn.execute(columns, {"table": table.name}).all())
+        stale = [
+            column for column in table.columns if isinstance(column.type, Name) and found.get(column.name) != wanted
+        ]
+        if not stale:
+            return
+        # One statement: the server rebuilds the table (and its indexes) once.
+        changes = ", ".join(f"MODIFY {CreateColumn(column).compile(dialect=conn.dialect)}" for column in stale)
+        conn.exec_driver_sql(f"ALTER TABLE {conn.dialect.identifier_preparer.format_table(table)} {changes}")
 
     def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
         # IGNORE turns the duplicate-key error into a warning and the row is left out. It would do the

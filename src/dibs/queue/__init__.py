@@ -2,8 +2,20 @@
 
 from dibs.queue.app import App, QueueStatus
 from dibs.queue.job import Job, JobContext
+from dibs.queue.registry import StrandedJobs, WorkerStatus
 from dibs.queue.retry import Retry
 from dibs.queue.task import Task
 from dibs.queue.worker import Worker, WorkerStats
 
-__all__ = ["App", "Job", "JobContext", "QueueStatus", "Retry", "Task", "Worker", "WorkerStats"]
+__all__ = [
+    "App",
+    "Job",
+    "JobContext",
+    "QueueStatus",
+    "Retry",
+    "StrandedJobs",
+    "Task",
+    "Worker",
+    "WorkerStats",
+    "WorkerStatus",
+]

@@ -35,6 +35,7 @@ from dibs.engine import checked_url, connected, create_engine, writing
 from dibs.queue.enqueue import NewJob, insert_jobs, new_job, task_named
 from dibs.queue.job import Job
 from dibs.queue.periodic import Periodic, PeriodicStatus, checked_periodic, enqueue_due, schedule_status, sync_schedules
+from dibs.queue.registry import StrandedJobs, WorkerStatus, live_workers, stranded_jobs
 from dibs.queue.retry import DEFAULT_RETRY, Retry
 from dibs.queue.store import JobStore
 from dibs.queue.task import TASK_NAME_LIMIT, OrderingKey, Task
@@ -506,6 +507,17 @@ class App:
             )
             for queue in sorted(per_queue)
         ]
+
+    def workers(self) -> list[WorkerStatus]:
+        """The live workers on this database (of any app), by name: those whose heartbeat is recent."""
+        with self._tables():
+            return live_workers(self.engine)
+
+    def stranded_jobs(self) -> list[StrandedJobs]:
+        """Queued jobs that no live worker can take (none serves their queue with their task, or their tag),
+        per queue, task and tag, oldest first: they wait until a worker that can take them starts."""
+        with self._tables():
+            return stranded_jobs(self.engine)
 
     # -- workers -----------------------------------------------------------------------------------
 

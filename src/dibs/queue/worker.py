@@ -49,6 +49,7 @@ from dibs.dialects.base import Listener
 from dibs.lease import OWNER_LIMIT, Lease
 from dibs.metrics import checked_metrics_port
 from dibs.queue.job import JobContext
+from dibs.queue.registry import keep_registered
 from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, ID_AT, TASK_AT, WorkLeft, error_text
 from dibs.queue.task import Task
 from dibs.schema import CANCELLED, require_current, translated
@@ -311,6 +312,8 @@ class Worker:
         chores = [
             asyncio.create_task(self._heartbeats(), name="dibs-heartbeats"),
             asyncio.create_task(self._upkeep(), name="dibs-upkeep"),
+            # Its row in dibs_workers, for `dibs status`: written now, beating, deleted as it stops.
+            asyncio.create_task(keep_registered(self, self._call), name="dibs-registry"),
         ]
         log.info("worker %s started: queues %s, concurrency %d", self.name, ",".join(self.queues), self.concurrency)
         try:
