@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+from dibs import Outbox
 from dibs.schema import jobs, outbox
 from tests.acceptance.test_cli import APP, DIBS
 from tests.acceptance.test_cli import dibs as run
@@ -242,3 +243,38 @@ def test_at_a_terminal_purge_asks_and_a_no_deletes_nothing(tmp_path: Path) -> No
         os.close(terminal)
         assert expected in said.decode()
         assert sum(states(database, "dibs_jobs").values()) == left
+
+
+def test_lists_show_text_from_the_database_as_written(database: str, tmp_path: Path) -> None:
+    ids = finished_jobs(database, tmp_path)
+    # An error and names that rich would read as markup (a closing tag with nothing open fails outright).
+    execute(database, sa.update(jobs).where(jobs.c.id == ids["explode"]).values(last_error="[/etc/app.conf] missing"))
+    outbox_store = Outbox(database)
+    try:
+        with outbox_store.engine.begin() as conn:
+            outbox_store.add(conn, "[/oops]", "[bold]7", "order.placed", {}, target="[/t]")
+    finally:
+        outbox_store.engine.dispose()
+    for command, expected in (
+        (["jobs", "list"], "[/etc/app.conf] missing"),
+        (["outbox", "list"], "[/oops]/[bold]7"),
+        (["outbox", "status"], "[/t]"),
+    ):
+        shown = run(database, tmp_path, *command)
+        assert (shown.returncode, shown.stderr) == (0, ""), command
+        assert expected in shown.stdout, shown.stdout
+
+
+@pytest.mark.parametrize("hours", ["1e12", "inf", "nan"])
+def test_an_age_in_hours_out_of_range_is_one_clear_line(database: str, tmp_path: Path, hours: str) -> None:
+    assert run(database, tmp_path, "init").returncode == 0
+    for command in (
+        ["jobs", "purge", "--older-than", hours, "--yes"],
+        ["outbox", "purge", "--older-than", hours, "--yes"],
+        ["worker", APP, "--burst", "--retention", hours],
+        ["outbox", "relay", "-p", "log://", "--burst", "--retention", hours],
+    ):
+        refused = run(database, tmp_path, *command)
+        assert refused.returncode == 1, (command, refused.stderr)
+        assert "Traceback" not in refused.stderr
+        assert "takes hours" in refused.stderr, refused.stderr

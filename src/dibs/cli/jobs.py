@@ -10,7 +10,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from dibs.cli.shared import confirmed, console, existing, open_app, purge_age, run
+from dibs.cli.shared import add_plain_row, confirmed, console, existing, open_app, purge_age, run
 from dibs.queue.job import Job
 from dibs.schema import DEAD, FINISHED, STATES
 
@@ -35,7 +35,8 @@ def list_jobs(ctx: click.Context, states: tuple[str, ...], queue: str | None, ta
         table.add_column(column)
     for job in found:
         error = (job.last_error or "").splitlines()[0] if job.last_error else ""
-        table.add_row(
+        add_plain_row(
+            table,
             str(job.id),
             job.task,
             job.queue,

@@ -11,7 +11,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from dibs.cli.shared import confirmed, console, existing, fail, open_outbox, purge_age, run
+from dibs.cli.shared import add_plain_row, confirmed, console, existing, fail, hours, open_outbox, purge_age, run
 from dibs.outbox import OutboxEvent
 from dibs.schema import ABANDONED, EVENT_STATES, FAILED
 
@@ -82,7 +82,7 @@ def relay(
             concurrency=concurrency,
             lease=lease,
             grace=grace,
-            retention=None if retention is None else timedelta(hours=retention),
+            retention=None if retention is None else hours(retention, "--retention"),
             burst=burst,
         )
     )
@@ -105,7 +105,8 @@ def outbox_status(ctx: click.Context) -> None:
     table.add_column("published/s (1 min)", justify="right")
     for row in statuses:
         oldest = "-" if row.oldest_pending_seconds is None else f"{row.oldest_pending_seconds:.1f}s"
-        table.add_row(
+        add_plain_row(
+            table,
             row.target,
             *(f"{row.counts[state]:,}" for state in EVENT_STATES),
             oldest,
@@ -152,7 +153,8 @@ def list_events(
         table.add_column(column)
     for event in found:
         error = (event.last_error or "").splitlines()[0] if event.last_error else ""
-        table.add_row(
+        add_plain_row(
+            table,
             str(event.id),
             event.target,
             f"{event.aggregate_type}/{event.aggregate_id}",

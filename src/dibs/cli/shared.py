@@ -17,8 +17,12 @@ import click
 import sqlalchemy as sa
 from click.core import ParameterSource
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 import dibs
+from dibs._checks import checked_seconds
+from dibs._errors import InvalidArgument
 from dibs.outbox import Outbox
 from dibs.queue.app import App
 from dibs.schema import require_current
@@ -85,7 +89,16 @@ def purge_age(older_than: float | None, everything: bool) -> timedelta:
         )
     if older_than is not None and everything:
         raise click.UsageError("pass --older-than HOURS or --all, not both")
-    return timedelta(0) if everything else timedelta(hours=older_than or 0)
+    return timedelta(0) if everything else hours(older_than or 0, "--older-than", zero=True)
+
+
+def hours(value: float, option: str, *, zero: bool = False) -> timedelta:
+    """An option given in hours, checked as every duration is (past 100 years, or NaN, is refused)."""
+    try:
+        return timedelta(seconds=checked_seconds(value * 3600, option, zero=zero))
+    except InvalidArgument:
+        least = "from 0" if zero else "above 0"
+        raise InvalidArgument(f"{option} takes hours, {least} up to 876,000 (100 years), got {value!r}") from None
 
 
 def confirmed(summary: str, yes: bool) -> bool:
@@ -145,7 +158,7 @@ def _check_same_database(spec: str, app: App, ctx: click.Context) -> None:
         return
     given = sa.make_url(root.obj["db"])
     own = run(lambda: app.engine.url)
-    if _same_database(given, own):
+    if same_database(given, own):
         return
     named_by = "--db" if source is ParameterSource.COMMANDLINE else "$DIBS_DATABASE_URL"
     fail(
@@ -155,14 +168,24 @@ def _check_same_database(spec: str, app: App, ctx: click.Context) -> None:
     )
 
 
-def _same_database(first: sa.URL, second: sa.URL) -> bool:
-    """Whether two URLs name the same database (whatever driver reaches it)."""
+#: Servers' ports when a URL leaves them out, and the names of this machine, so that two spellings of
+#: one database (``localhost`` and ``127.0.0.1:5432``) are not taken for two.
+_DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306}
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+
+
+def same_database(first: sa.URL, second: sa.URL) -> bool:
+    """Whether two URLs name the same database, whatever driver reaches it and however the address of a
+    server on this machine or its default port is written."""
 
     def identity(url: sa.URL) -> tuple[Any, ...]:
+        backend = "mysql" if url.get_backend_name() == "mariadb" else url.get_backend_name()
         database = url.database
-        if url.get_backend_name() == "sqlite" and database and database != ":memory:":
+        if backend == "sqlite" and database and database != ":memory:":
             database = os.path.abspath(database)
-        return url.get_backend_name(), url.host, url.port, url.username, database
+        host = (url.host or "").lower()
+        port = url.port or _DEFAULT_PORTS.get(backend)
+        return backend, "loopback" if host in _LOOPBACK else host, port, url.username, database
 
     return identity(first) == identity(second)
 
@@ -174,6 +197,12 @@ def existing(ids: Iterable[int], get: Callable[[int], Any]) -> list[Any]:
     for item in ids:
         found.append(run(lambda item=item: get(item)))
     return found
+
+
+def add_plain_row(table: Table, *values: str) -> None:
+    """Add a row of values shown as written: rich reads ``[...]`` in a plain string as markup, and a
+    job's error or an event's name from the database may hold anything."""
+    table.add_row(*(Text(value) for value in values))
 
 
 def console() -> Console:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
+from dibs.cli.shared import add_plain_row
 from dibs.cli.shared import console as _console
 from dibs.cli.shared import open_app as _app
 from dibs.cli.shared import run as _run
@@ -26,8 +26,8 @@ def status(ctx: click.Context) -> None:
     table.add_column("finished/s (1 min)", justify="right")
     for row in statuses:
         oldest = "-" if row.oldest_ready_seconds is None else f"{row.oldest_ready_seconds:.1f}s"
-        table.add_row(
-            row.queue, *(f"{row.counts[state]:,}" for state in STATES), oldest, f"{row.finished_per_second:.1f}"
+        add_plain_row(
+            table, row.queue, *(f"{row.counts[state]:,}" for state in STATES), oldest, f"{row.finished_per_second:.1f}"
         )
     console = _console()
     console.print(table if statuses else "no jobs yet")
@@ -38,7 +38,8 @@ def status(ctx: click.Context) -> None:
         for column in ("name", "task", "schedule", "next slot (UTC)", "last slot (UTC)", "last job"):
             periodic.add_column(column)
         for row in schedules:
-            periodic.add_row(
+            add_plain_row(
+                periodic,
                 row.name,
                 row.task,
                 row.schedule,
@@ -57,11 +58,12 @@ def _print_workers(console: Console, app: App) -> None:
         for column in ("name", "host", "pid", "queues", "concurrency", "last heartbeat"):
             table.add_column(column, justify="right" if column in ("pid", "concurrency") else "left")
         for worker in workers:
-            table.add_row(
-                escape(worker.name),
-                escape(worker.host),
+            add_plain_row(
+                table,
+                worker.name,
+                worker.host,
                 str(worker.pid),
-                escape(",".join(worker.queues)),
+                ",".join(worker.queues),
                 str(worker.concurrency),
                 f"{worker.heartbeat_age_seconds:.1f}s ago",
             )
@@ -74,12 +76,13 @@ def _print_workers(console: Console, app: App) -> None:
         for column in ("queue", "task", "tag", "jobs", "oldest", "why"):
             warning.add_column(column, justify="right" if column in ("jobs", "oldest") else "left")
         for group in stranded:
-            warning.add_row(
-                escape(group.queue),
-                escape(group.task),
-                escape(group.tag or "-"),
+            add_plain_row(
+                warning,
+                group.queue,
+                group.task,
+                group.tag or "-",
                 f"{group.count:,}",
                 f"{group.oldest_seconds:.1f}s",
-                escape(group.reason),
+                group.reason,
             )
         console.print(warning)

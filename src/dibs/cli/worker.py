@@ -5,11 +5,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from datetime import timedelta
 
 import click
 
-from dibs.cli.shared import load_app, run
+from dibs.cli.shared import hours, load_app, run
 
 HELP = """Run a worker for the tasks of APP (module:attribute) until SIGTERM or SIGINT.
 
@@ -92,7 +91,7 @@ def worker(
             batch=batch,
             lease=lease,
             grace=grace,
-            retention=None if retention is None else timedelta(hours=retention),
+            retention=None if retention is None else hours(retention, "--retention"),
             metrics_port=metrics_port,
             metrics_address=metrics_address,
             connections=connections,
