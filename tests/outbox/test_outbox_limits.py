@@ -109,6 +109,7 @@ def outbox_calls(odb: OutboxDatabase, outbox: dibs.Outbox) -> dict[str, Callable
         "requeue ids": lambda: outbox.requeue([1]),
         "discard": lambda: outbox.discard([1]),
         "purge": outbox.purge,
+        "purgeable": outbox.purgeable,
         "relay": lambda: odb.relay(outbox, "log://", burst=True).run(),
     }
 

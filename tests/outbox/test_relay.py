@@ -13,6 +13,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -502,6 +503,7 @@ BAD_RELAYS: list[tuple[str, dict[str, Any], str]] = [
     ("log://", {"batch": 0}, "batch"),
     ("log://", {"concurrency": True}, "concurrency"),
     ("log://", {"lease": 1.0, "heartbeat": 1.0}, "heartbeat"),
+    ("log://", {"lease": timedelta(seconds=30), "heartbeat": 40}, "shorter than the lease (30 s), got 40"),
     ("log://", {"poll": 0}, "poll"),
     ("log://", {"grace": -1}, "grace"),
     ("log://", {"target": ""}, "target"),

@@ -169,8 +169,9 @@ def test_retry_backoff_and_worker_settings_beyond_100_years_are_refused(qdb: Que
     ):
         with pytest.raises(dibs.InvalidArgument, match=message):
             qdb.worker(app, **options)
-    with pytest.raises(dibs.InvalidArgument, match="older_than must be at most"):
-        app.purge(older_than=timedelta(days=999_999_999))
+    for count_or_delete in (app.purge, app.purgeable):
+        with pytest.raises(dibs.InvalidArgument, match="older_than must be at most"):
+            count_or_delete(older_than=timedelta(days=999_999_999))
     for limit in (2**31, -1):
         with pytest.raises(dibs.InvalidArgument, match="limit must be"):
             app.jobs(limit=limit)

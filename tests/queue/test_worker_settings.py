@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ BAD_SETTINGS = [
     ({"poll": -1}, "poll must be a positive number of seconds"),
     ({"grace": -1}, "grace must not be negative"),
     ({"lease": 3, "heartbeat": 3}, "heartbeat must be a positive number of seconds below the lease"),
+    ({"lease": timedelta(seconds=3), "heartbeat": 4}, r"below the lease \(3\), got 4"),
     ({"connections": 3}, "connections must be 1 or 2"),
     ({"connections": 0}, "connections must be 1 or 2"),
     ({"connections": True}, "connections must be 1 or 2"),

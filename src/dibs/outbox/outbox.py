@@ -335,7 +335,9 @@ class Outbox:
 
     def purgeable(self, *, older_than: timedelta = timedelta(0)) -> int:
         """How many events :meth:`purge` with this age would delete now; nothing is deleted."""
-        return self.store.purgeable(self.engine, older_than)
+        older_than = timedelta(seconds=checked_seconds(older_than, "older_than", zero=True))
+        with self._tables():
+            return self.store.purgeable(self.engine, older_than)
 
     def discard(self, ids: Iterable[int]) -> int:
         """Delete abandoned events for good (under ``block``, this lets their aggregates go on); returns how many."""

@@ -113,7 +113,7 @@ class Relay:
         )
         if self.heartbeat_seconds >= self.lease_seconds:
             raise InvalidArgument(
-                f"heartbeat must be shorter than the lease ({lease:g} s), got {heartbeat!r}; "
+                f"heartbeat must be shorter than the lease ({self.lease_seconds:g} s), got {heartbeat!r}; "
                 "a third of the lease (the default) renews it twice before it could expire"
             )
         self.poll_seconds = checked_seconds(poll, "poll")

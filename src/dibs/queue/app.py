@@ -344,7 +344,7 @@ class App:
     def _validated(
         self, task: Task | str, many_args: Iterable[Mapping[str, Any] | None], options: Mapping[str, Any]
     ) -> list[NewJob]:
-        chosen = task_named(self.tasks, task)
+        chosen = task_named(self.tasks, task, by_function=False)
         if isinstance(many_args, Mapping):
             raise InvalidArgument("enqueue_many takes a list of argument dicts, one per job; for one job use enqueue")
         known = self.queues
@@ -467,6 +467,7 @@ class App:
 
     def purgeable(self, *, older_than: timedelta = timedelta(0), statuses: Sequence[str] = FINISHED) -> dict[str, int]:
         """How many jobs :meth:`purge` with these arguments would delete now, per state; nothing is deleted."""
+        older_than = timedelta(seconds=checked_seconds(older_than, "older_than", zero=True))
         with self._tables():
             return self.store.purgeable(self.engine, older_than, statuses)
 

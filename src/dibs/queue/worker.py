@@ -212,7 +212,8 @@ class Worker:
         )
         if not self.heartbeat_seconds < self.lease_seconds:
             raise InvalidArgument(
-                f"heartbeat must be a positive number of seconds below the lease ({lease:g}), got {heartbeat!r}; "
+                f"heartbeat must be a positive number of seconds below the lease ({self.lease_seconds:g}), "
+                f"got {heartbeat!r}; "
                 "a third of the lease (the default) renews it twice before it could expire"
             )
         if retention is not None:
