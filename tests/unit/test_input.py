@@ -135,6 +135,9 @@ def test_a_task_is_found_by_its_full_name_or_by_its_function_when_that_is_unambi
         app.task_named("slow")
     with pytest.raises(dibs.UnknownTask, match=r"no task named 'nope' is registered; registered tasks: emails\.send"):
         app.task_named("nope")
+    # Code enqueues by the full name, which keeps resolving whatever other tasks are registered later.
+    with pytest.raises(dibs.UnknownTask, match=r"no task named 'send' is registered; did you mean 'emails\.send'"):
+        app.enqueue("send", {"to": "a@example.com"})
 
 
 def test_dibs_enqueue_finds_a_task_of_the_app_it_was_given_by_its_function_name(tmp_path: Path) -> None:

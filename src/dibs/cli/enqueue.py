@@ -31,5 +31,6 @@ def enqueue(app_spec: str, task: str, args: str, **options: Any) -> None:
     except json.JSONDecodeError as exc:
         fail(f"ARGS must be a JSON object such as '{{\"order_id\": 7}}': {exc}")
     chosen = {name: value for name, value in options.items() if value is not None}
-    job = run(lambda: app.enqueue(task, values, **chosen))
+    found = run(lambda: app.task_named(task))  # its full name, or its function's when that is unique
+    job = run(lambda: app.enqueue(found, values, **chosen))
     click.echo(f"enqueued job {job.id} ({job.task}) on queue {job.queue}: {job.status}")

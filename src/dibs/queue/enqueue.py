@@ -224,9 +224,11 @@ def _insert_deduplicated(conn: Connection, backend: Backend, job: NewJob) -> Job
     )
 
 
-def task_named(tasks: Mapping[str, Task], name: object) -> Task:
-    """The registered task of that name, or else the one task whose function has that name (``slow`` for
-    ``tasks.slow``); UnknownTask listing the registered ones otherwise."""
+def task_named(tasks: Mapping[str, Task], name: object, *, by_function: bool = True) -> Task:
+    """The registered task of that name, or else (``by_function``) the one task whose function has that
+    name (``slow`` for ``tasks.slow``); UnknownTask listing the registered ones otherwise. Code enqueues by
+    the full name (``by_function=False``): a short name would stop resolving the day another task's
+    function got the same name."""
     if isinstance(name, Task):
         if tasks.get(name.name) is not name:
             raise UnknownTask(f"task {name.name!r} is registered with another app, not this one")
@@ -234,11 +236,13 @@ def task_named(tasks: Mapping[str, Task], name: object) -> Task:
     task = tasks.get(checked_name(name, "a task name", TASK_NAME_LIMIT))
     if task is not None:
         return task
-    by_function = [task for task in tasks.values() if task.function.__name__ == name]
-    if len(by_function) == 1:
-        return by_function[0]
+    matches = [task for task in tasks.values() if task.function.__name__ == name]
+    if by_function and len(matches) == 1:
+        return matches[0]
     known = ", ".join(sorted(tasks)) or "none yet"
-    if by_function:
-        names = ", ".join(sorted(task.name for task in by_function))
+    names = ", ".join(sorted(task.name for task in matches))
+    if len(matches) > 1:
         raise UnknownTask(f"{name!r} is the function of several tasks ({names}); name one of them in full")
+    if matches:
+        raise UnknownTask(f"no task named {name!r} is registered; did you mean {names!r}, its full name?")
     raise UnknownTask(f"no task named {name!r} is registered; registered tasks: {known}")
