@@ -251,7 +251,7 @@ workers = sa.Table(
     sa.Column("tasks", _LongText, nullable=False),
     sa.Column("tags", _LongText, nullable=False),
     sa.Column("concurrency", sa.Integer, nullable=False),
-    sa.Column("lease_seconds", sa.Float, nullable=False),
+    sa.Column("lease_seconds", sa.Double, nullable=False),
     sa.Column("started_at", Timestamp, nullable=False),
     sa.Column("last_heartbeat", Timestamp, nullable=False),
 )

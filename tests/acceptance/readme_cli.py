@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from dibs.cli import command
+from dibs.cli.group import command
 
 reached: dict[str, Any] = {}
 

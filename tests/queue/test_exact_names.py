@@ -14,6 +14,7 @@ import sqlalchemy as sa
 
 import dibs
 from dibs.dialects.base import Name
+from dibs.dialects.mysql import exact_collation
 from dibs.schema import LATEST, MIGRATIONS, current_version, jobs, metadata
 from tests.queue.conftest import QueueDatabase
 from tests.queue.support import job_rows
@@ -195,5 +196,5 @@ def test_tables_of_an_earlier_version_are_upgraded_to_compare_exactly(empty_db: 
                     "AND table_name LIKE 'dibs%' AND data_type = 'varchar'"
                 )
             ).scalars()
-            assert set(collations) == {"utf8mb4_nopad_bin"}
+            assert set(collations) == {exact_collation(engine.dialect)}
     assert len(job_rows(engine, jobs.c.dedupe_key.is_not(None))) == 2 * len(LOOKALIKES)
