@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import click
 from rich.table import Table
 
-from dibs.cli.shared import add_plain_row, confirmed, console, existing, open_app, purge_age, run
+from dibs.cli.shared import (
+    add_plain_row,
+    confirmed,
+    console,
+    echo_json,
+    echo_record,
+    existing,
+    open_app,
+    purge_age,
+    run,
+)
 from dibs.queue.job import Job
 from dibs.schema import DEAD, FINISHED, STATES
 
@@ -55,9 +65,9 @@ def list_jobs(ctx: click.Context, states: tuple[str, ...], queue: str | None, ta
 def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     job: Job = run(lambda: open_app(ctx).get(job_id))
     if as_json:
-        click.echo(json.dumps(dataclasses.asdict(job), default=_iso, indent=2))
+        echo_json(dataclasses.asdict(job))
         return
-    rows: list[tuple[str, Any]] = [
+    fields: list[tuple[str, Any]] = [
         ("task", job.task),
         ("queue", job.queue),
         ("status", job.status + (" (cancel requested)" if job.cancel_requested else "")),
@@ -74,10 +84,7 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
         ("lease owner", job.lease_owner),
         ("lease expires at", job.lease_expires_at),
     ]
-    click.echo(f"job {job.id}")
-    for name, value in rows:
-        click.echo(f"  {name:<17} {_shown(value)}")
-    click.echo("last error:" + (f"\n{job.last_error.rstrip()}" if job.last_error else " -"))
+    echo_record(f"job {job.id}", fields, [("last error", job.last_error)])
 
 
 @jobs.command(help="Queue the dead or cancelled jobs IDS again, their attempts counted from zero.")
@@ -137,17 +144,3 @@ def purge(ctx: click.Context, older_than: float | None, everything: bool, states
 
 def _per_state(counts: dict[str, int], states: list[str]) -> str:
     return ", ".join(f"{counts.get(state, 0):,} {state}" for state in states)
-
-
-def _shown(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, datetime):
-        return value.strftime("%Y-%m-%d %H:%M:%S.%f UTC")
-    return str(value)
-
-
-def _iso(value: Any) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"cannot show {value!r} as JSON")  # every field of a job is JSON or a time

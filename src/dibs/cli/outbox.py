@@ -5,13 +5,24 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from datetime import datetime, timedelta
-from typing import Any
+from datetime import timedelta
 
 import click
 from rich.table import Table
 
-from dibs.cli.shared import add_plain_row, confirmed, console, existing, fail, hours, open_outbox, purge_age, run
+from dibs.cli.shared import (
+    add_plain_row,
+    confirmed,
+    console,
+    echo_json,
+    echo_record,
+    existing,
+    fail,
+    hours,
+    open_outbox,
+    purge_age,
+    run,
+)
 from dibs.outbox import OutboxEvent
 from dibs.schema import ABANDONED, EVENT_STATES, FAILED
 
@@ -177,17 +188,15 @@ def show(ctx: click.Context, event_id: int, as_json: bool) -> None:
     fields["payload"] = event.payload
     del fields["payload_json"]
     if as_json:
-        click.echo(json.dumps(fields, default=_iso, indent=2))
+        echo_json(fields)
         return
-    click.echo(f"event {event.id}")
-    for name in ("target", "aggregate_type", "aggregate_id", "event_type", "status", "retry_count", "attempts"):
-        click.echo(f"  {name.replace('_', ' '):<16} {fields[name]}")
-    for name in ("created_at", "next_attempt_at", "published_at"):
-        moment = fields[name]
-        click.echo(f"  {name.replace('_', ' '):<16} {'-' if moment is None else _time(moment)}")
-    click.echo(f"  {'headers':<16} {json.dumps(event.headers)}")
-    click.echo("payload:\n" + json.dumps(event.payload, indent=2))
-    click.echo("last error:" + (f"\n{event.last_error.rstrip()}" if event.last_error else " -"))
+    names = ("target", "aggregate_type", "aggregate_id", "event_type", "status", "retry_count", "attempts")
+    times = ("created_at", "next_attempt_at", "published_at")
+    shown = [(name.replace("_", " "), fields[name]) for name in (*names, *times)]
+    shown.append(("headers", json.dumps(event.headers)))
+    echo_record(
+        f"event {event.id}", shown, [("payload", json.dumps(event.payload, indent=2)), ("last error", event.last_error)]
+    )
 
 
 @outbox.command(help="Make the failed or abandoned events IDS (or --all of them) pending again.")
@@ -242,13 +251,3 @@ def _all_in(found: list[OutboxEvent], states: tuple[str, ...], done: str) -> Non
     for event in found:
         if event.status not in states:
             fail(f"event {event.id} is {event.status}; only {' or '.join(states)} events can be {done}")
-
-
-def _time(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%d %H:%M:%S.%f UTC")
-
-
-def _iso(value: Any) -> str:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    raise TypeError(f"cannot show {value!r} as JSON")  # every field of an event is JSON or a time

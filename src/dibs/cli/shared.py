@@ -4,12 +4,13 @@ app, and opening the app or outbox on --db."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import re
 import shutil
 import sys
 from collections.abc import Callable, Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, NoReturn
 from urllib.parse import unquote
 
@@ -222,3 +223,26 @@ def open_outbox(ctx: click.Context, **options: Any) -> Outbox:
     outbox: Outbox = run(lambda: Outbox(ctx.obj["db"], **options))
     run(lambda: require_current(outbox.engine))
     return outbox
+
+
+def echo_record(title: str, fields: Iterable[tuple[str, Any]], sections: Iterable[tuple[str, str | None]]) -> None:
+    """A job or an event for ``show``: its fields one a line, then each long one (a payload, the last
+    error with its traceback) in full under its name."""
+    click.echo(title)
+    for name, value in fields:
+        click.echo(f"  {name:<17} {shown(value)}")
+    for name, text in sections:
+        click.echo(f"{name}:" + (f"\n{text.rstrip()}" if text else " -"))
+
+
+def echo_json(fields: dict[str, Any]) -> None:
+    """A job or an event for ``show --json``: every field is JSON already, or a time."""
+    click.echo(json.dumps(fields, default=lambda moment: moment.isoformat(), indent=2))
+
+
+def shown(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, datetime):
+        return value.strftime("%Y-%m-%d %H:%M:%S.%f UTC")
+    return str(value)
