@@ -641,7 +641,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"of {', '.join(KINDS)}")
     parser.add_argument(
         "--configs",
-        default="1000x500,2000x1000,2000x1000x1",
+        default="2000x1000,2000x2000,2000x1000x1",
         help="dibs worker settings, concurrency x batch [x connections] (default: the worker's)",
     )
     parser.add_argument("--poll", type=float, default=2.0, help="dibs worker poll seconds (its default: 2)")
