@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,6 +17,14 @@ from dibs.dialects import backend_for, backend_named
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+#: Where jobs and events live when no database is named: a file in the working directory.
+DEFAULT_DATABASE = "sqlite:///dibs.sqlite"
+
+
+def database_url(db: str | None = None) -> str:
+    """``db``, else ``$DIBS_DATABASE_URL``, else the SQLite file ``dibs.sqlite``."""
+    return db or os.environ.get("DIBS_DATABASE_URL") or DEFAULT_DATABASE
 
 
 def create_engine(url: str | sa.URL, **options: Any) -> Engine:

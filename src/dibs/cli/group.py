@@ -14,7 +14,8 @@ from dibs.cli.outbox import outbox
 from dibs.cli.shared import DibsGroup, run
 from dibs.cli.status import status
 from dibs.cli.worker import worker
-from dibs.queue.app import App, database_url
+from dibs.engine import database_url
+from dibs.queue.app import App
 from dibs.schema import missing_tables
 
 HELP = """Create the dibs tables, run workers, enqueue, inspect and manage jobs, relay and inspect outbox

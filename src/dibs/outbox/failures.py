@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from dibs.queue.retry import Retry
+from dibs.retry import Retry
 
 T = TypeVar("T")
 

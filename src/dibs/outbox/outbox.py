@@ -28,11 +28,10 @@ from dibs._checks import checked_count, checked_seconds, checked_text
 from dibs._errors import EventNotFound, InvalidArgument
 from dibs.dialects import backend_for
 from dibs.dialects.base import moment
-from dibs.engine import checked_url, connected, create_engine, writing
+from dibs.engine import checked_url, connected, create_engine, database_url, writing
 from dibs.outbox.events import NAME_LIMITS, OutboxEvent, event_from, insert_events, new_event
 from dibs.outbox.store import FailedHead, OutboxStore, checked_policy
-from dibs.queue.app import database_url
-from dibs.queue.retry import Retry
+from dibs.retry import Retry
 from dibs.schema import ABANDONED, EVENT_STATES, FAILED, PENDING, PUBLISHED, aware, migrate, outbox, tables_checked
 
 if TYPE_CHECKING:

@@ -3,9 +3,9 @@
 from dibs.queue.app import App, QueueStatus
 from dibs.queue.job import Job, JobContext
 from dibs.queue.registry import StrandedJobs, WorkerStatus
-from dibs.queue.retry import Retry
 from dibs.queue.task import Task
 from dibs.queue.worker import Worker, WorkerStats
+from dibs.retry import Retry
 
 __all__ = [
     "App",

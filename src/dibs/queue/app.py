@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import os
 import warnings
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -31,14 +30,14 @@ from dibs._errors import DibsWarning, InvalidArgument, JobNotFound
 from dibs.claim import claim
 from dibs.dialects import backend_for
 from dibs.dialects.base import moment
-from dibs.engine import checked_url, connected, create_engine, writing
+from dibs.engine import checked_url, connected, create_engine, database_url, writing
 from dibs.queue.enqueue import NewJob, insert_jobs, new_job, task_named
 from dibs.queue.job import Job
 from dibs.queue.periodic import Periodic, PeriodicStatus, checked_periodic, enqueue_due, schedule_status, sync_schedules
 from dibs.queue.registry import StrandedJobs, WorkerStatus, live_workers, stranded_jobs
-from dibs.queue.retry import DEFAULT_RETRY, Retry
 from dibs.queue.store import JobStore
 from dibs.queue.task import TASK_NAME_LIMIT, OrderingKey, Task
+from dibs.retry import DEFAULT_RETRY, Retry
 from dibs.schema import (
     CANCELLED,
     DEAD,
@@ -61,15 +60,8 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Where jobs live when no database is named: a file in the working directory.
-DEFAULT_DATABASE = "sqlite:///dibs.sqlite"
 #: PostgreSQL wakes idle workers on this channel when jobs are enqueued.
 CHANNEL = "dibs_jobs"
-
-
-def database_url(db: str | None = None) -> str:
-    """``db``, else ``$DIBS_DATABASE_URL``, else the SQLite file ``dibs.sqlite``."""
-    return db or os.environ.get("DIBS_DATABASE_URL") or DEFAULT_DATABASE
 
 
 @dataclass(frozen=True, kw_only=True)

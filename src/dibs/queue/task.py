@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from dibs._checks import checked_count, checked_name, checked_seconds
 from dibs._errors import InvalidArgument
-from dibs.queue.retry import DEFAULT_RETRY, Retry
+from dibs.retry import DEFAULT_RETRY, Retry
 
 if TYPE_CHECKING:
     from dibs.queue.app import App

@@ -1,4 +1,4 @@
-"""When a failed job runs again: exponential backoff with jitter, for the exceptions the task names."""
+"""When a failed job or publish runs again: exponential backoff with jitter, for the exceptions the policy names."""
 
 from __future__ import annotations
 
