@@ -10,17 +10,25 @@ state, and the age of the oldest runnable job per queue.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from dibs._errors import InvalidArgument
 
-if TYPE_CHECKING:
-    from dibs.queue.app import QueueStatus
-
 #: Where metrics are served unless asked otherwise: this machine only.
 LOOPBACK = "127.0.0.1"
+
+
+class QueueDepth(Protocol):
+    """What the gauges read of one queue's status (a :class:`dibs.QueueStatus`)."""
+
+    @property
+    def queue(self) -> str: ...
+    @property
+    def counts(self) -> Mapping[str, int]: ...
+    @property
+    def oldest_ready_seconds(self) -> float | None: ...
 
 
 def _prometheus() -> ModuleType:
@@ -99,7 +107,7 @@ class Metrics:
     def finished(self, task: str, outcome: str, count: int = 1) -> None:
         self._finished.labels(task, outcome).inc(count)
 
-    def observe(self, statuses: Sequence[QueueStatus]) -> None:
+    def observe(self, statuses: Sequence[QueueDepth]) -> None:
         for status in statuses:
             for state, count in status.counts.items():
                 self._depth.labels(status.queue, state).set(count)

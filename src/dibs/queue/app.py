@@ -31,12 +31,13 @@ from dibs.claim import claim
 from dibs.dialects import backend_for
 from dibs.dialects.base import moment
 from dibs.engine import checked_url, connected, create_engine, database_url, writing
-from dibs.queue.enqueue import NewJob, insert_jobs, new_job, task_named
+from dibs.queue.enqueue import CHANNEL, NewJob, insert_jobs, new_job, task_named
 from dibs.queue.job import Job
 from dibs.queue.periodic import Periodic, PeriodicStatus, checked_periodic, enqueue_due, schedule_status, sync_schedules
 from dibs.queue.registry import StrandedJobs, WorkerStatus, live_workers, stranded_jobs
 from dibs.queue.store import JobStore
 from dibs.queue.task import TASK_NAME_LIMIT, OrderingKey, Task
+from dibs.queue.worker import Worker
 from dibs.retry import DEFAULT_RETRY, Retry
 from dibs.schema import (
     CANCELLED,
@@ -56,12 +57,7 @@ if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
     from sqlalchemy.orm import Session
 
-    from dibs.queue.worker import Worker
-
 F = TypeVar("F", bound=Callable[..., Any])
-
-#: PostgreSQL wakes idle workers on this channel when jobs are enqueued.
-CHANNEL = "dibs_jobs"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -516,6 +512,4 @@ class App:
 
     def worker(self, **options: Any) -> Worker:
         """A worker for this app's tasks; options as for :class:`dibs.Worker`."""
-        from dibs.queue.worker import Worker
-
         return Worker(self, **options)

@@ -25,6 +25,9 @@ from dibs.queue.job import Job
 from dibs.queue.task import TASK_NAME_LIMIT, Task, checked_attempts, checked_priority
 from dibs.schema import LIVE, QUEUED, SCHEDULED, jobs
 
+#: PostgreSQL wakes idle workers on this channel when jobs are enqueued.
+CHANNEL = "dibs_jobs"
+
 _DELAY = "dibs_delay"
 _RUN_AT = "dibs_run_at"
 _KEY_LIMIT = 200

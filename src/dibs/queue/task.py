@@ -5,14 +5,13 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from dibs._checks import checked_count, checked_name, checked_seconds
 from dibs._errors import InvalidArgument
 from dibs.retry import DEFAULT_RETRY, Retry
 
 if TYPE_CHECKING:
-    from dibs.queue.app import App
     from dibs.queue.job import Job
 
 #: The longest task name (the column's size); queue names and tags take up to 100 characters.
@@ -33,6 +32,17 @@ def checked_priority(value: object) -> int:
     return value
 
 
+class TaskApp(Protocol):
+    """What a task reads of the app it is registered with (a :class:`dibs.App`)."""
+
+    @property
+    def queues(self) -> frozenset[str]: ...
+    @property
+    def max_args_bytes(self) -> int: ...
+    def enqueue(self, task: Task, args: Mapping[str, Any] | None = None, /, **options: Any) -> Job: ...
+    async def aenqueue(self, task: Task, args: Mapping[str, Any] | None = None, /, **options: Any) -> Job: ...
+
+
 @dataclass(frozen=True, kw_only=True)
 class Task:
     """A registered function and the defaults of its jobs. Higher ``priority`` runs first.
@@ -41,7 +51,7 @@ class Task:
     line: jobs with the same key run one at a time, in enqueue order.
     """
 
-    app: App
+    app: TaskApp
     function: Callable[..., Any]
     name: str
     queue: str = "default"

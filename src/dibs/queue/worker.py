@@ -33,30 +33,28 @@ import time
 import traceback
 import uuid
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
 from dibs._checks import checked_count, checked_name, checked_seconds, checked_text
 from dibs._errors import InvalidArgument, SchemaMissing
 from dibs._signals import handle_stop_signals
 from dibs.dialects.base import Listener
 from dibs.lease import OWNER_LIMIT, Lease
-from dibs.metrics import checked_metrics_port
+from dibs.metrics import Metrics, QueueDepth, checked_metrics_port
+from dibs.queue.enqueue import CHANNEL
 from dibs.queue.job import JobContext
 from dibs.queue.registry import keep_registered
-from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, ID_AT, TASK_AT, WorkLeft, error_text
+from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, ID_AT, TASK_AT, JobStore, WorkLeft, error_text
 from dibs.queue.task import Task
 from dibs.schema import CANCELLED, require_current, translated
-
-if TYPE_CHECKING:
-    from dibs.metrics import Metrics
-    from dibs.queue.app import App
 
 T = TypeVar("T")
 log = logging.getLogger("dibs.worker")
@@ -135,6 +133,27 @@ def _decoded(raw: str) -> dict[str, Any] | str:
     return args
 
 
+class WorkerApp(Protocol):
+    """What a worker reads of the app whose jobs it runs (a :class:`dibs.App`)."""
+
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def store(self) -> JobStore: ...
+    @property
+    def tasks(self) -> Mapping[str, Task]: ...
+    @property
+    def queues(self) -> frozenset[str]: ...
+    @property
+    def schedules(self) -> Mapping[str, object]: ...
+    @property
+    def notify(self) -> bool: ...
+    def sync_periodic(self) -> None: ...
+    def enqueue_periodic(self) -> int: ...
+    def purge(self, *, older_than: timedelta = ..., statuses: Sequence[str] = ...) -> int: ...
+    def status(self) -> Sequence[QueueDepth]: ...
+
+
 class Worker:
     """Runs an app's jobs until stopped (or, with ``burst=True``, until no job is runnable).
 
@@ -163,7 +182,7 @@ class Worker:
 
     def __init__(
         self,
-        app: App,
+        app: WorkerApp,
         *,
         queues: Iterable[str] | None = None,
         tags: Iterable[str] = (),
@@ -488,8 +507,6 @@ class Worker:
         def woken(payload: str) -> None:
             if not payload or queues.intersection(payload.split(",")):
                 loop.call_soon_threadsafe(self._wake_up)
-
-        from dibs.queue.app import CHANNEL
 
         return self._store.backend.listen(self.app.engine, CHANNEL, woken)
 
@@ -838,8 +855,6 @@ class Worker:
     def _start_metrics(self) -> None:
         if self.metrics_port is None:
             return
-        from dibs.metrics import Metrics
-
         self.metrics = Metrics.serve(self.metrics_port, self.metrics_address)
 
     def _report(self, error: Exception) -> bool:
