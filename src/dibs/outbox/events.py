@@ -22,6 +22,8 @@ from dibs._errors import InvalidArgument
 from dibs.dialects import Backend, backend_for
 from dibs.schema import DEFAULT_TARGET, PENDING, aware, outbox
 
+#: PostgreSQL wakes idle relays on this channel when events are added (the payload names their targets).
+CHANNEL = "dibs_outbox"
 #: The longest of each of an event's names: their columns' sizes.
 NAME_LIMITS = {"target": 100, "aggregate_type": 200, "aggregate_id": 200, "event_type": 200}
 #: The most bytes an event's headers take as JSON: what MySQL's and MariaDB's TEXT column holds.

@@ -29,7 +29,8 @@ from dibs._errors import EventNotFound, InvalidArgument
 from dibs.dialects import backend_for
 from dibs.dialects.base import moment
 from dibs.engine import checked_url, connected, create_engine, database_url, writing
-from dibs.outbox.events import NAME_LIMITS, OutboxEvent, event_from, insert_events, new_event
+from dibs.outbox.events import CHANNEL, NAME_LIMITS, OutboxEvent, event_from, insert_events, new_event
+from dibs.outbox.relay import Relay
 from dibs.outbox.store import FailedHead, OutboxStore, checked_policy
 from dibs.retry import Retry
 from dibs.schema import ABANDONED, EVENT_STATES, FAILED, PENDING, PUBLISHED, aware, migrate, outbox, tables_checked
@@ -39,10 +40,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
     from dibs.outbox.publishers import Publisher
-    from dibs.outbox.relay import Relay
 
-#: PostgreSQL wakes idle relays on this channel when events are added (the payload names their targets).
-CHANNEL = "dibs_outbox"
 #: How a failed publish is retried unless the Outbox is told otherwise: 1 s, 2 s, 4 s ... up to 5 minutes.
 DEFAULT_RETRY = Retry(base=1.0, factor=2.0, cap=300.0)
 
@@ -353,8 +351,6 @@ class Outbox:
     def relay(self, publisher: Publisher | str, **options: Any) -> Relay:
         """A relay publishing this outbox's events, each at most ``max_retries + 1`` times before it is abandoned;
         options as for :class:`dibs.Relay`."""
-        from dibs.outbox.relay import Relay
-
         return Relay(self, publisher, **options)
 
 

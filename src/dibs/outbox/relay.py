@@ -31,22 +31,22 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
+from sqlalchemy.engine import Engine
 
 from dibs._checks import checked_count, checked_seconds, checked_text
 from dibs._errors import BrokerUnavailable, InvalidArgument
 from dibs._signals import handle_stop_signals
 from dibs.dialects.base import Listener
 from dibs.lease import OWNER_LIMIT, Lease
-from dibs.outbox.events import NAME_LIMITS, OutboxEvent
+from dibs.outbox.events import CHANNEL, NAME_LIMITS, OutboxEvent
 from dibs.outbox.failures import sorted_failures
 from dibs.outbox.publishers import Publisher, publisher_for
+from dibs.outbox.store import OutboxStore
+from dibs.retry import Retry
 from dibs.schema import DEFAULT_TARGET, FAILED, PROCESSING, outbox, require_current
-
-if TYPE_CHECKING:
-    from dibs.outbox.outbox import Outbox
 
 T = TypeVar("T")
 log = logging.getLogger("dibs.relay")
@@ -70,6 +70,21 @@ class RelayStats:
     lost: int = 0
 
 
+class RelayOutbox(Protocol):
+    """What a relay reads of the outbox whose events it publishes (a :class:`dibs.Outbox`)."""
+
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def store(self) -> OutboxStore: ...
+    @property
+    def max_retries(self) -> int: ...
+    @property
+    def retry(self) -> Retry: ...
+    @property
+    def notify(self) -> bool: ...
+
+
 class Relay:
     """Publishes an outbox's events of one ``target`` until stopped (or, with ``burst=True``, until none is
     left to publish).
@@ -88,7 +103,7 @@ class Relay:
 
     def __init__(
         self,
-        outbox: Outbox,
+        outbox: RelayOutbox,
         publisher: Publisher | str,
         *,
         target: str = DEFAULT_TARGET,
@@ -393,8 +408,6 @@ class Relay:
         def woken(payload: str) -> None:
             if not payload or target in payload.split(","):
                 loop.call_soon_threadsafe(self._wake_up)
-
-        from dibs.outbox.outbox import CHANNEL
 
         return self._store.backend.listen(self.outbox.engine, CHANNEL, woken)
 
