@@ -122,6 +122,38 @@ def test_a_worker_on_a_database_without_the_tables_says_to_run_dibs_init(empty_d
     empty_db.drain(app)
 
 
+def test_every_app_call_on_a_database_without_the_tables_says_to_run_dibs_init(empty_db: QueueDatabase) -> None:
+    app = empty_db.app()
+
+    @app.task(name="work.do")
+    def do() -> None: ...
+
+    calls = {
+        "enqueue": lambda: app.enqueue(do),
+        "get": lambda: app.get(1),
+        "jobs": app.jobs,
+        "cancel": lambda: app.cancel(1),
+        "retry": lambda: app.retry(1),
+        "purge": app.purge,
+        "purgeable": app.purgeable,
+        "status": app.status,
+        "workers": app.workers,
+        "stranded_jobs": app.stranded_jobs,
+    }
+    wrong = []
+    for name, call in calls.items():
+        try:
+            call()
+        except dibs.SchemaMissing as error:
+            if "run `dibs --db URL init`" not in str(error):
+                wrong.append(f"{name}: {error}")
+        except Exception as error:
+            wrong.append(f"{name}: {type(error).__name__}")
+        else:
+            wrong.append(f"{name}: no error")
+    assert wrong == []
+
+
 def _add_note(conn: Connection) -> None:
     conn.execute(sa.text("ALTER TABLE dibs_jobs ADD COLUMN note VARCHAR(50)"))
 

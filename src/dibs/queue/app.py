@@ -417,7 +417,7 @@ class App:
             .values(status=CANCELLED, finished_at=backend.now(), dedupe_key=None, last_error="cancelled before it ran")
         )
         running = sa.update(jobs).where(jobs.c.id == job_id, jobs.c.status == RUNNING).values(cancel_requested=True)
-        with writing(self.engine) as conn:
+        with self._tables(), writing(self.engine) as conn:
             if conn.execute(waiting).rowcount == 0:
                 conn.execute(running)
         return self.get(job_id)
@@ -425,18 +425,19 @@ class App:
     def retry(self, job_id: int) -> Job:
         """Queue a dead or cancelled job again, with its attempts counted from zero."""
         backend = backend_for(self.engine.dialect)
-        rows = claim(
-            self.engine,
-            jobs,
-            where=[jobs.c.id == job_id, jobs.c.status.in_([DEAD, CANCELLED])],
-            set={
-                jobs.c.status: QUEUED,
-                jobs.c.attempts: 0,
-                jobs.c.run_at: backend.now(),
-                jobs.c.finished_at: None,
-                jobs.c.cancel_requested: False,
-            },
-        )
+        with self._tables():
+            rows = claim(
+                self.engine,
+                jobs,
+                where=[jobs.c.id == job_id, jobs.c.status.in_([DEAD, CANCELLED])],
+                set={
+                    jobs.c.status: QUEUED,
+                    jobs.c.attempts: 0,
+                    jobs.c.run_at: backend.now(),
+                    jobs.c.finished_at: None,
+                    jobs.c.cancel_requested: False,
+                },
+            )
         if rows:
             return Job.from_row(rows[0])
         job = self.get(job_id)
@@ -449,8 +450,9 @@ class App:
         if wrong:
             raise InvalidArgument(f"only finished jobs can be purged ({', '.join(FINISHED)}), not {sorted(wrong)}")
         total = 0
-        while purged := self.store.purge(self.engine, older_than, statuses):
-            total += purged
+        with self._tables():
+            while purged := self.store.purge(self.engine, older_than, statuses):
+                total += purged
         return total
 
     def purgeable(self, *, older_than: timedelta = timedelta(0), statuses: Sequence[str] = FINISHED) -> dict[str, int]:
