@@ -51,6 +51,7 @@ from dibs.lease import OWNER_LIMIT, Lease
 from dibs.metrics import Metrics, QueueDepth, checked_metrics_port
 from dibs.queue.enqueue import CHANNEL
 from dibs.queue.job import JobContext
+from dibs.queue.outcome import Outcome, failed_outcome
 from dibs.queue.registry import keep_registered
 from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, ID_AT, TASK_AT, JobStore, WorkLeft, error_text
 from dibs.queue.task import Task
@@ -649,40 +650,42 @@ class Worker:
         lease, task = running.lease, running.task
         self._held.pop(lease.key, None)
         reason = running.context.stop_reason
-        if reason == "lease lost":
-            self.stats.lost += 1
-            return
-        text = error_text(error, formatted)
-        attempts = lease.row._mapping["attempts"]
-        max_attempts = lease.row._mapping["max_attempts"]
-        if reason != "cancelled":
+        if reason not in ("lease lost", "cancelled"):
             requested: set[int] = await self._call(self._store.cancel_requests, self.app.engine, [lease.key[0]])
             if requested:
                 reason = "cancelled"  # asked to cancel before a heartbeat told this worker: no retry
-        if reason == "cancelled":
-            outcome, kept = "cancelled", await self._call(self._store.bury, self.app.engine, lease, text, CANCELLED)
-        elif attempts < max_attempts and task.retry.retries(error) and reason != "shutdown":
-            delay = task.retry.delay(attempts)
-            outcome, kept = "retried", await self._call(self._store.retry, self.app.engine, lease, delay, text)
-        elif reason == "shutdown":
-            outcome, kept = "released", not await self._call(self._store.release, self.app.engine, [lease])
-        else:
-            outcome, kept = "dead", await self._call(self._store.bury, self.app.engine, lease, text)
-        if not kept:
+        attempts = lease.row._mapping["attempts"]
+        outcome = failed_outcome(reason, attempts, lease.row._mapping["max_attempts"], task.retry.retries(error))
+        if outcome is Outcome.LOST:
             self.stats.lost += 1
             return
-        setattr(self.stats, outcome, getattr(self.stats, outcome) + 1)
+        if not await self._record(outcome, lease, task, error_text(error, formatted)):
+            self.stats.lost += 1
+            return
+        setattr(self.stats, outcome.value, getattr(self.stats, outcome.value) + 1)
         if self.metrics is not None:
-            self.metrics.finished(task.name, outcome)
+            self.metrics.finished(task.name, outcome.value)
         log.log(
-            logging.WARNING if outcome == "dead" else logging.INFO,
+            logging.WARNING if outcome is Outcome.DEAD else logging.INFO,
             "job %s (%s) attempt %d %s: %s",
             lease.key[0],
             task.name,
             attempts,
-            outcome,
+            outcome.value,
             f"{type(error).__name__}: {error}",
         )
+
+    async def _record(self, outcome: Outcome, lease: Lease, task: Task, text: str) -> bool:
+        """Write a failed run's outcome, fenced by its lease; False if the lease was lost meanwhile."""
+        engine = self.app.engine
+        if outcome is Outcome.CANCELLED:
+            return await self._call(self._store.bury, engine, lease, text, CANCELLED)
+        if outcome is Outcome.RETRIED:
+            delay = task.retry.delay(lease.row._mapping["attempts"])
+            return await self._call(self._store.retry, engine, lease, delay, text)
+        if outcome is Outcome.RELEASED:
+            return not await self._call(self._store.release, engine, [lease])
+        return await self._call(self._store.bury, engine, lease, text)
 
     # -- finishing ---------------------------------------------------------------------------------
 
