@@ -7,7 +7,8 @@ from pathlib import Path
 
 import dibs
 from tests.acceptance.test_cli import dibs as run_dibs
-from tests.queue.support import WorkerThread, wait_until
+from tests.helpers import wait_until
+from tests.queue.support import WorkerThread
 
 
 def test_status_lists_live_workers_and_the_jobs_no_live_worker_can_take(database: str, tmp_path: Path) -> None:

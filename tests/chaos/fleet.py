@@ -24,7 +24,8 @@ import sqlalchemy as sa
 import dibs
 from tests.chaos.history import Event, Recorder, Report, check_jobs, load, read_jobs
 from tests.chaos.worker_process import Dice, build_app
-from tests.queue.support import family_of, kill_other_sessions, wait_until
+from tests.helpers import wait_until
+from tests.queue.support import family_of, kill_other_sessions
 
 ROOT = Path(__file__).resolve().parents[2]
 TERMINAL = ("succeeded", "dead", "cancelled")

@@ -25,17 +25,9 @@ import dibs
 from dibs.dialects import backend_for
 from dibs.schema import jobs
 from dibs.schema import outbox as outbox_table
+from tests.helpers import BACKENDS, wait_until
 from tests.queue.conftest import QueueDatabase
-from tests.queue.support import (
-    BACKENDS,
-    SYNC_DRIVERS,
-    drop_everything,
-    job_count,
-    job_rows,
-    orders,
-    test_metadata,
-    wait_until,
-)
+from tests.queue.support import SYNC_DRIVERS, drop_everything, job_count, job_rows, orders, test_metadata
 from tests.targets import database_url
 
 DIBS = str(Path(sys.executable).with_name("dibs"))

@@ -26,6 +26,7 @@ import dibs
 from dibs.schema import PUBLISHED
 from dibs.schema import outbox as outbox_table
 from tests.chaos.infra_support import start_throwaway
+from tests.helpers import wait_until
 from tests.outbox.conftest import odb, outbox_url, redis_prefix, redis_url  # noqa: F401 - fixtures
 from tests.outbox.support import (
     OutboxDatabase,
@@ -38,7 +39,6 @@ from tests.outbox.support import (
     read_stream,
     redis_publisher_url,
 )
-from tests.queue.support import wait_until
 
 #: The relays killed, each frozen after confirming its K-th batch (before marking it).
 KILLED = {"killed-a": 2, "killed-b": 4}

@@ -23,9 +23,9 @@ from tests.due.support import (
     sources_table,
     storable,
 )
+from tests.helpers import BACKENDS
 from tests.targets import database_url
 
-BACKENDS = ("postgresql", "sqlite", "mariadb")
 SYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite+pysqlite", "mariadb": "mysql+pymysql"}
 
 

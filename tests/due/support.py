@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -75,18 +73,6 @@ def storable(bind: Engine, moment: datetime) -> datetime:
     """``moment`` as the table's Timestamp column takes it: aware on PostgreSQL, naive UTC elsewhere."""
     utc = moment.astimezone(timezone.utc)
     return utc if bind.dialect.name == "postgresql" else utc.replace(tzinfo=None)
-
-
-def wait_until(condition: Any, timeout: float = 10.0, interval: float = 0.02, what: str = "") -> Any:
-    """Poll until ``condition()`` is truthy; its value, or AssertionError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
-        time.sleep(interval)
 
 
 @dataclass(frozen=True)

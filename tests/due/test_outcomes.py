@@ -16,7 +16,8 @@ import pytest
 
 import dibs
 from tests.due.conftest import Sources
-from tests.due.support import HOUR, aware, database_now, wait_until
+from tests.due.support import HOUR, aware, database_now
+from tests.helpers import wait_until
 
 
 def claimed_ids(scheduler: dibs.DueScheduler, sources: Sources, limit: int = 100) -> list[int]:

@@ -21,7 +21,8 @@ import pytest
 
 import dibs
 from tests.due.conftest import Sources
-from tests.due.support import HOUR, Run, RunLog, aware, database_now, storable, wait_until
+from tests.due.support import HOUR, Run, RunLog, aware, database_now, storable
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 import dibs
+from tests.helpers import BACKENDS
 from tests.outbox.brokers import (
     AMQP_URL,
     NATS_URL,
@@ -28,7 +29,7 @@ from tests.outbox.brokers import (
     unique,
 )
 from tests.outbox.support import OutboxDatabase
-from tests.queue.support import BACKENDS, SYNC_DRIVERS, drop_everything
+from tests.queue.support import SYNC_DRIVERS, drop_everything
 from tests.targets import IN_CI, database_url
 
 # -- brokers: the publisher tests' fixtures --------------------------------------------------------------

@@ -4,7 +4,6 @@ threads and in processes of their own with short timings, and reading back what 
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
@@ -18,8 +17,9 @@ import dibs
 from dibs.outbox.publishers import Publisher
 from dibs.schema import PUBLISHED
 from dibs.schema import outbox as outbox_table
+from tests.helpers import ServiceThread, wait_until
 from tests.processes import ScriptProcess
-from tests.queue.support import family_of, wait_until
+from tests.queue.support import family_of
 
 #: Relay timings that keep every test short: short leases, frequent upkeep, quick polls.
 FAST_RELAY: dict[str, Any] = {"lease": 2.0, "poll": 0.05, "upkeep_every": 0.1, "grace": 5.0, "handle_signals": False}
@@ -27,44 +27,16 @@ FAST_RELAY: dict[str, Any] = {"lease": 2.0, "poll": 0.05, "upkeep_every": 0.1, "
 QUICK_RETRY = dibs.Retry(base=0.05, factor=1.0, jitter=0.0)
 
 
-class RelayThread:
-    """A relay running in a thread of this process; its stats or its exception are kept."""
+class RelayThread(ServiceThread[dibs.RelayStats]):
+    """A relay running in a thread of this process."""
 
     def __init__(self, relay: dibs.Relay) -> None:
+        super().__init__(relay, relay.stop, "relay")
         self.relay = relay
-        self.stats: dibs.RelayStats | None = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=f"test-relay-{relay.name}", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.stats = self.relay.run()
-        except BaseException as exc:
-            self.error = exc
 
     def start(self) -> RelayThread:
         self.thread.start()
         return self
-
-    @property
-    def running(self) -> bool:
-        return self.thread.is_alive()
-
-    def join(self, timeout: float = 30.0) -> dibs.RelayStats:
-        """Wait for the relay to end (burst, or stopped) and return what it did; fail if it does not."""
-        self.thread.join(timeout)
-        if self.thread.is_alive():
-            self.stop()
-            raise AssertionError(f"the relay did not finish within {timeout} s")
-        if self.error is not None:
-            raise self.error
-        assert self.stats is not None
-        return self.stats
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.thread.is_alive():
-            self.relay.stop()
-            self.thread.join(timeout)
 
 
 class OutboxDatabase:

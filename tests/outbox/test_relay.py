@@ -22,6 +22,7 @@ import pytest
 
 import dibs
 from dibs.schema import outbox as outbox_table
+from tests.helpers import wait_until
 from tests.outbox.brokers import CLOSED_PORT, Names, Proxy, WebhookServer, with_options
 from tests.outbox.support import (
     OutboxDatabase,
@@ -37,7 +38,7 @@ from tests.outbox.support import (
     redis_publisher_url,
     take_amqp,
 )
-from tests.queue.support import database_now, wait_until
+from tests.queue.support import database_now
 
 
 def expected_per_aggregate(odb: OutboxDatabase, target: str = "default") -> dict[str, list[int]]:

@@ -11,7 +11,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 import dibs
-from tests.queue.support import BACKENDS, FAST, SYNC_DRIVERS, WorkerThread, drop_everything, family_of
+from tests.helpers import BACKENDS
+from tests.queue.support import FAST, SYNC_DRIVERS, WorkerThread, drop_everything, family_of
 from tests.targets import database_url
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import re
-import threading
-import time
 from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
@@ -14,8 +12,8 @@ from sqlalchemy.engine import Engine
 
 import dibs
 from dibs.schema import jobs
+from tests.helpers import ServiceThread
 
-BACKENDS = ("postgresql", "sqlite", "mariadb")
 SYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite+pysqlite", "mariadb": "mysql+pymysql"}
 ASYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite+aiosqlite", "mariadb": "mysql+asyncmy"}
 
@@ -97,52 +95,16 @@ def log_run(engine: Engine, job_id: int, event: str) -> None:
         conn.execute(runs.insert().values(job_id=job_id, event=event))
 
 
-def wait_until(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02, what: str = "") -> Any:
-    """Poll until ``condition()`` is truthy; its value, or AssertionError after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
-        time.sleep(interval)
-
-
-class WorkerThread:
-    """A worker running in a thread of this process; its outcome or its exception is kept."""
+class WorkerThread(ServiceThread[dibs.WorkerStats]):
+    """A worker running in a thread of this process; stopped in a hurry."""
 
     def __init__(self, worker: dibs.Worker) -> None:
+        super().__init__(worker, lambda: worker.stop(hurry=True), "worker")
         self.worker = worker
-        self.stats: dibs.WorkerStats | None = None
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=f"test-{worker.name}", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.stats = self.worker.run()
-        except BaseException as exc:
-            self.error = exc
 
     def start(self) -> WorkerThread:
         self.thread.start()
         return self
-
-    def join(self, timeout: float = 30.0) -> dibs.WorkerStats:
-        """Wait for the worker to end on its own (burst) and return what it did; fail if it does not."""
-        self.thread.join(timeout)
-        if self.thread.is_alive():
-            self.stop()
-            raise AssertionError(f"the worker did not finish within {timeout} s")
-        if self.error is not None:
-            raise self.error
-        assert self.stats is not None
-        return self.stats
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.thread.is_alive():
-            self.worker.stop(hurry=True)
-            self.thread.join(timeout)
 
 
 def kill_other_sessions(url: sa.URL) -> int:

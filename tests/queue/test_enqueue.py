@@ -14,8 +14,9 @@ from sqlalchemy.orm import Session
 
 import dibs
 from dibs.schema import jobs
+from tests.helpers import wait_until
 from tests.queue.conftest import QueueDatabase
-from tests.queue.support import ASYNC_DRIVERS, job_count, job_rows, orders, test_metadata, wait_until
+from tests.queue.support import ASYNC_DRIVERS, job_count, job_rows, orders, test_metadata
 from tests.targets import with_driver
 
 

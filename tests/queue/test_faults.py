@@ -10,8 +10,9 @@ import sqlalchemy as sa
 
 import dibs
 from dibs.schema import jobs
+from tests.helpers import wait_until
 from tests.queue.conftest import QueueDatabase
-from tests.queue.support import job_rows, kill_other_sessions, wait_until
+from tests.queue.support import job_rows, kill_other_sessions
 
 
 def test_a_worker_finishes_every_job_while_its_connections_are_killed(qdb: QueueDatabase) -> None:

@@ -18,8 +18,9 @@ import pytest
 
 import dibs
 from dibs.schema import jobs
+from tests.helpers import wait_until
 from tests.queue.conftest import QueueDatabase
-from tests.queue.support import job_rows, run_events, runs, wait_until
+from tests.queue.support import job_rows, run_events, runs
 from tests.queue.worker_process import build_app
 
 ROOT = Path(__file__).resolve().parents[2]

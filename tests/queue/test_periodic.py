@@ -26,9 +26,10 @@ import dibs.dialects.base
 import dibs.queue.periodic
 from dibs.queue.periodic import MAX_CATCH_UP, Periodic
 from dibs.schema import jobs, periodic
+from tests.helpers import wait_until
 from tests.queue.conftest import QueueDatabase
 from tests.queue.periodic_process import TICKS, add_ticks
-from tests.queue.support import database_now, wait_until
+from tests.queue.support import database_now
 
 ROOT = Path(__file__).resolve().parents[2]
 DIBS = str(Path(sys.executable).with_name("dibs"))

@@ -15,6 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 import dibs
+from tests.helpers import wait_until
 from tests.queue.conftest import QueueDatabase
 from tests.queue.support import (
     QUICK_RETRY,
@@ -23,7 +24,6 @@ from tests.queue.support import (
     caught_statements,
     database_now,
     job_rows,
-    wait_until,
 )
 
 # -- retries and dead letters --------------------------------------------------------------------------

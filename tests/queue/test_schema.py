@@ -16,8 +16,9 @@ from sqlalchemy.engine import Connection
 
 import dibs
 from dibs.schema import LATEST, MIGRATIONS, Migration, current_version, require_current
+from tests.helpers import wait_until
 from tests.queue.conftest import QueueDatabase
-from tests.queue.support import database_now, job_rows, wait_until
+from tests.queue.support import database_now, job_rows
 
 # -- migrations ----------------------------------------------------------------------------------------
 
