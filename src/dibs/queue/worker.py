@@ -76,8 +76,8 @@ class WorkerStats:
 
 
 #: Allocations (less deallocations) between collections of the youngest generation, where Python's default
-#: is 700: a worker allocates a few objects per job (its row, its lease) that live until the job's batch
-#: is written, and collected every 700 they made each collection pass over the batches in hand.
+#: is 700: a worker's few objects per job (its row, its lease) live until the job's batch is written, and a
+#: collection every 700 of them would walk the batches in hand again and again.
 TUNED_GC_THRESHOLD = 10_000
 #: Seconds between looks of a burst worker that has nothing left to do but wait for jobs running in other
 #: workers to end (it stays until they have: a failed one is retried, a crashed worker's is recovered):
@@ -96,8 +96,8 @@ def tuned_gc() -> Iterator[None]:
 
     What exists when the block starts (modules, the app, SQLAlchemy's metadata and compiled statements) is
     moved out of the collector's sight with :func:`gc.freeze`, so that full collections no longer walk it
-    again and again, and the youngest generation is collected less often. Together they took a fifth of
-    the CPU a no-op job costs the worker on PostgreSQL. It changes the whole process: meant for a process
+    again and again, and the youngest generation is collected less often, which a worker's short-lived
+    per-job objects call for. It changes the whole process: meant for a process
     that runs a worker and little else, as ``dibs worker`` does.
     """
     thresholds = gc.get_threshold()
