@@ -36,24 +36,13 @@ from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.elements import Grouping
 
 from dibs.dialects import driver
-from dibs.dialects.base import (
-    BackendDefaults,
-    ClaimRequest,
-    ClaimStrategy,
-    Listener,
-    SortKey,
-    StatementCache,
-    explicit_transaction,
-    fenced_in_list,
-    fenced_in_list_values,
-    in_order,
-    python_order,
-    run_then,
-    server_version,
-    split_order,
-    warn_fallback,
-)
+from dibs.dialects.backend import BackendDefaults, Listener
+from dibs.dialects.keys import fenced_in_list, fenced_in_list_values
+from dibs.dialects.ordering import SortKey, in_order, python_order, split_order
 from dibs.dialects.portable import PORTABLE_INSTEAD, PortableClaim
+from dibs.dialects.request import ClaimRequest, ClaimStrategy, StatementCache, run_then
+from dibs.dialects.transactions import explicit_transaction
+from dibs.dialects.versions import server_version, warn_fallback
 
 SKIP_LOCKED_SINCE = (9, 5)
 #: Column types whose Python values sort as PostgreSQL sorts them. Not text (collations), nor floats and
