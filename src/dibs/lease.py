@@ -537,9 +537,11 @@ class Leases:
             },
         }
         resolve_times(parameters)
-        if bind.dialect.update_returning:
+        way = backend.guarded_write(bind.dialect)
+        if way == "returning":
             return self._write_returning(bind, backend, statements.returning, leases, parameters)
-        if bind.dialect.supports_sane_rowcount and (isinstance(bind, Engine) or not bind.in_transaction()):
+        # Counting needs a transaction of its own, which it rolls back when a lease was lost.
+        if way == "counting" and (isinstance(bind, Engine) or not bind.in_transaction()):
             try:
                 return self._write_counting(bind, backend, statements.write, leases, parameters)
             except _SomeLost:

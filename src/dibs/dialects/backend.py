@@ -7,21 +7,27 @@ driver errors dibs understands, and the capabilities callers would otherwise rea
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime
-from typing import TYPE_CHECKING, Any, Protocol
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Dialect, Engine
+from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement, visitors
 from sqlalchemy.sql.elements import BindParameter
 
+from dibs.dialects.inserts import Build, Inserted, insert_one_new, insert_rows
 from dibs.dialects.keys import fenced_in_list, fenced_in_list_values
 from dibs.dialects.values import resolve_times
 
 if TYPE_CHECKING:
     from dibs.dialects.request import ClaimStrategy
+
+#: How a batched guarded UPDATE (a lease write) learns which rows it changed: ``"returning"`` (UPDATE ...
+#: RETURNING gives their keys), ``"counting"`` (the driver's row count is exact: when it equals the number of
+#: leases, every lease held), ``"locking"`` (neither: the rows are read under lock before the write).
+GuardedWrite = Literal["returning", "counting", "locking"]
 
 
 class Backend(Protocol):
@@ -30,6 +36,10 @@ class Backend(Protocol):
     name: str
     #: A single guarded UPDATE may run in autocommit mode, saving the BEGIN and COMMIT round trips.
     atomic_statements: bool
+    #: The database connections (one thread each) a worker uses unless told otherwise.
+    default_worker_connections: int
+    #: CREATE INDEX takes a WHERE clause, so an index can leave out the rows no query looks for.
+    partial_indexes: bool
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
         """The fastest correct strategy this server supports (warns when it has to fall back)."""
@@ -56,6 +66,25 @@ class Backend(Protocol):
 
     def after_value(self, seconds: float) -> Any:
         """The value of an :meth:`after` parameter for ``seconds`` from now."""
+        ...
+
+    def utc_value(self, moment: datetime) -> datetime:
+        """An aware datetime as a parameter for this database's DateTime columns: in UTC, without tzinfo
+        where the columns hold no time zone."""
+        ...
+
+    def guarded_write(self, dialect: Dialect) -> GuardedWrite:
+        """How a batched guarded UPDATE learns which rows it changed through this dialect's driver."""
+        ...
+
+    def insert_rows(self, conn: Connection, build: Build, rows: Sequence[Mapping[str, Any]]) -> Inserted:
+        """Insert ``rows`` on ``conn``, in its transaction, in as few round trips as the driver allows: the
+        rows the INSERT returned where the driver returns them, else the id each made (one INSERT each)."""
+        ...
+
+    def insert_one_new(self, conn: Connection, build: Build, values: Mapping[str, Any]) -> Row[Any] | int | None:
+        """Run one INSERT that may leave its row out (see :meth:`insert_new`): the row it returned, or the id
+        it made where the driver returns no rows; None when the row was left out."""
         ...
 
     def elapsed(self, since: ColumnElement[Any], seconds: ColumnElement[Any]) -> ColumnElement[bool]:
@@ -126,8 +155,26 @@ class BackendDefaults:
     """What a backend does unless it says otherwise: no error translation, no engine tuning, and batched
     lease writes guarded by ``pk IN (...) AND (pk, token) IN (...)``."""
 
+    #: Two: a claim and a write of finished jobs run at once.
+    default_worker_connections = 2
+    partial_indexes = False
+
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         return None
+
+    def utc_value(self, moment: datetime) -> datetime:
+        return moment.astimezone(timezone.utc).replace(tzinfo=None)
+
+    def guarded_write(self, dialect: Dialect) -> GuardedWrite:
+        if dialect.update_returning:
+            return "returning"
+        return "counting" if dialect.supports_sane_rowcount else "locking"
+
+    def insert_rows(self, conn: Connection, build: Build, rows: Sequence[Mapping[str, Any]]) -> Inserted:
+        return insert_rows(conn, build, rows)
+
+    def insert_one_new(self, conn: Connection, build: Build, values: Mapping[str, Any]) -> Row[Any] | int | None:
+        return insert_one_new(conn, build, values)
 
     def elapsed(self, since: ColumnElement[Any], seconds: ColumnElement[Any]) -> ColumnElement[bool]:
         from dibs._errors import InvalidArgument

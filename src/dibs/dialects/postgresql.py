@@ -26,7 +26,7 @@ import json
 import threading
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
@@ -113,6 +113,7 @@ class PostgreSQL(BackendDefaults):
 
     name = "postgresql"
     atomic_statements = True
+    partial_indexes = True
 
     def __init__(self) -> None:
         self._notify_statements: dict[str, sa.Select[Any]] = {}
@@ -130,6 +131,10 @@ class PostgreSQL(BackendDefaults):
         return explicit_transaction(
             conn, ["BEGIN ISOLATION LEVEL READ COMMITTED"], ["SET TRANSACTION ISOLATION LEVEL READ COMMITTED"]
         )
+
+    def utc_value(self, moment: datetime) -> datetime:
+        """In UTC with its time zone: dibs's DateTime columns hold time zones on PostgreSQL."""
+        return moment.astimezone(timezone.utc)
 
     def now(self) -> ColumnElement[datetime]:
         # The statement's start, not the transaction's (now()): a lease write that joins a caller's long

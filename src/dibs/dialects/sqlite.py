@@ -155,6 +155,11 @@ class SQLite(AppClock, BackendDefaults):
 
     name = "sqlite"
     atomic_statements = False
+    #: One: SQLite takes one writer at a time, so two threads of one worker writing at once (a claim and a
+    #: write of finished jobs) would make one wait in SQLite's busy handler, which sleeps a millisecond and
+    #: more; in one thread they take turns at once.
+    default_worker_connections = 1
+    partial_indexes = True
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
         version = server_version(dialect)
