@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, cast
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Engine, Row
@@ -51,6 +51,12 @@ class Backend(Protocol):
 
     def writing(self, conn: Connection) -> AbstractContextManager[Any]:
         """A transaction of dibs's own that writes (an enqueue, a cancel), opened and committed here."""
+        ...
+
+    def one_statement(self, conn: Connection, *, owned: bool) -> AbstractContextManager[None]:
+        """Where one statement that is atomic on its own (a guarded lease write) runs, on ``conn`` with no
+        transaction open: without BEGIN and COMMIT where :attr:`atomic_statements` allows (one round trip
+        instead of three), else in :meth:`transaction`. ``owned``: dibs checked ``conn`` out itself."""
         ...
 
     def now(self) -> ColumnElement[datetime]:
@@ -195,6 +201,9 @@ class BackendDefaults:
 
     def writing(self, conn: Connection) -> AbstractContextManager[Any]:
         return conn.begin()
+
+    def one_statement(self, conn: Connection, *, owned: bool) -> AbstractContextManager[None]:
+        return cast("Backend", self).transaction(conn)
 
     def fenced(self, key_columns: Sequence[sa.Column[Any]], token: sa.Column[Any]) -> ColumnElement[bool]:
         return fenced_in_list(key_columns, token)

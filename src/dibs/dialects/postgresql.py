@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from typing import Any
@@ -135,6 +135,12 @@ class PostgreSQL(BackendDefaults):
     def utc_value(self, moment: datetime) -> datetime:
         """In UTC with its time zone: dibs's DateTime columns hold time zones on PostgreSQL."""
         return moment.astimezone(timezone.utc)
+
+    @contextlib.contextmanager
+    def one_statement(self, conn: Connection, *, owned: bool) -> Iterator[None]:
+        # SQLAlchemy's transaction sends nothing in autocommit mode; it marks the statement's bounds.
+        with driver.autocommit(conn, owned=owned), conn.begin():
+            yield
 
     def now(self) -> ColumnElement[datetime]:
         # The statement's start, not the transaction's (now()): a lease write that joins a caller's long
