@@ -98,35 +98,24 @@ WRITE_CHUNK = 1000
 
 
 @contextmanager
-def _transaction(
-    bind: Engine | Connection,
-    open_transaction: Callable[[Connection], AbstractContextManager[Any]],
-    *,
-    autocommit: bool = False,
-) -> Iterator[Connection]:
-    """The caller's open transaction if it has one (the write joins it), else one ``open_transaction``
-    opens and commits.
+def _transaction(bind: Engine | Connection, backend: Backend, *, one_statement: bool = False) -> Iterator[Connection]:
+    """The caller's open transaction if it has one (the write joins it), else one the backend opens and commits.
 
-    ``autocommit``: the work is one statement the database runs atomically on its own; on a connection
-    dibs checks out itself it then runs without BEGIN and COMMIT.
+    ``one_statement``: the work is one statement the database runs atomically on its own, which the backend
+    may run without BEGIN and COMMIT (see Backend.one_statement).
     """
     if isinstance(bind, Engine):
-        with bind.connect() as conn:
-            if autocommit:
-                # SQLAlchemy's transaction sends nothing in autocommit mode; it marks the statement's bounds.
-                with driver.autocommit(conn, owned=True), conn.begin():
-                    yield conn
-                return
-            with open_transaction(conn):
-                yield conn
+        with bind.connect() as conn, _opened(backend, conn, one_statement, owned=True):
+            yield conn
     elif bind.in_transaction():
         yield bind
-    elif autocommit:
-        with driver.autocommit(bind, owned=False), bind.begin():
-            yield bind
     else:
-        with open_transaction(bind):
+        with _opened(backend, bind, one_statement, owned=False):
             yield bind
+
+
+def _opened(backend: Backend, conn: Connection, one_statement: bool, *, owned: bool) -> AbstractContextManager[Any]:
+    return backend.one_statement(conn, owned=owned) if one_statement else backend.transaction(conn)
 
 
 async def _run_async(bind: AsyncEngine | AsyncConnection, work: Callable[..., T], *args: Any) -> T:
@@ -425,7 +414,7 @@ class Leases:
             found = found.order_by(self.expires_at).limit(size)
         recovered: list[tuple[Any, ...]] = []
         while True:
-            with _transaction(bind, backend.transaction) as conn:
+            with _transaction(bind, backend) as conn:
                 keys = list(map(tuple, conn.execute(found)))
                 if keys:
                     held = (
@@ -537,9 +526,11 @@ class Leases:
             },
         }
         resolve_times(parameters)
-        if bind.dialect.update_returning:
+        way = backend.guarded_write(bind.dialect)
+        if way == "returning":
             return self._write_returning(bind, backend, statements.returning, leases, parameters)
-        if bind.dialect.supports_sane_rowcount and (isinstance(bind, Engine) or not bind.in_transaction()):
+        # Counting needs a transaction of its own, which it rolls back when a lease was lost.
+        if way == "counting" and (isinstance(bind, Engine) or not bind.in_transaction()):
             try:
                 return self._write_counting(bind, backend, statements.write, leases, parameters)
             except _SomeLost:
@@ -568,7 +559,7 @@ class Leases:
         lost: list[Lease] = []
         # One statement: atomic on its own, so it may run in autocommit where the backend allows; elsewhere in
         # the backend's transaction (on SQLite one that takes the write lock, in turn, before the statement).
-        with _transaction(bind, backend.transaction, autocommit=backend.atomic_statements) as conn:
+        with _transaction(bind, backend, one_statement=True) as conn:
             for chunk, chunk_parameters in self._chunks(backend, leases, parameters):
                 changed = driver.fetch_values(conn, statement, chunk_parameters, fenced_columns)
                 # A row changes once however often its lease is listed: as many rows as leases means every
@@ -590,7 +581,7 @@ class Leases:
         changed as many rows as there are distinct leases exactly when every lease was held (the common
         case, in one round trip instead of a locking read and the write). Otherwise it is rolled back and
         _SomeLost raised."""
-        with _transaction(bind, backend.transaction) as conn:
+        with _transaction(bind, backend) as conn:
             for chunk, chunk_parameters in self._chunks(backend, leases, parameters):
                 distinct = len({(*lease.key, lease.token) for lease in chunk})
                 if conn.execute(statement, chunk_parameters).rowcount != distinct:
@@ -609,7 +600,7 @@ class Leases:
         exactly those. A locking read sees the latest committed rows whatever the caller's snapshot, and the
         backend's own transaction, real even in autocommit mode, keeps its locks until the write."""
         written: set[tuple[Any, ...]] = set()
-        with _transaction(bind, backend.transaction) as conn:
+        with _transaction(bind, backend) as conn:
             for _, chunk_parameters in self._chunks(backend, leases, parameters):
                 held = set(map(tuple, conn.execute(statements.held, chunk_parameters)))
                 if held:

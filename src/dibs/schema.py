@@ -121,7 +121,7 @@ def _partial(
 
 
 def _has_partial(*_: Any, dialect: sa.Dialect, **__: Any) -> bool:
-    return dialect.name in ("postgresql", "sqlite")
+    return backend_for(dialect).partial_indexes
 
 
 def _lacks_partial(*_: Any, dialect: sa.Dialect, **__: Any) -> bool:

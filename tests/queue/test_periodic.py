@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 import dibs
-import dibs.dialects.base
+import dibs.dialects.values
 import dibs.queue.periodic
 from dibs.queue.periodic import MAX_CATCH_UP, Periodic
 from dibs.schema import jobs, periodic
@@ -517,7 +517,7 @@ def test_slots_come_on_the_database_clock(qdb: QueueDatabase, monkeypatch: pytes
         # fire at once, or be an hour off. (SQLite has no clock of its own: there the application's is the
         # database's.)
         monkeypatch.setattr(dibs.queue.periodic, "datetime", _AnHourAhead)
-        monkeypatch.setattr(dibs.dialects.base, "datetime", _AnHourAhead)
+        monkeypatch.setattr(dibs.dialects.values, "datetime", _AnHourAhead)
     due = floor_slot(database_now(qdb.engine) + 3 * SECOND, SECOND)  # two to three seconds ahead
     set_next_slot(qdb.engine, "clocked", due)
     calls = 0

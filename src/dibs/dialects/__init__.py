@@ -12,11 +12,13 @@ from weakref import WeakKeyDictionary
 from sqlalchemy.engine import Dialect
 
 from dibs._errors import InvalidArgument
-from dibs.dialects.base import Backend, ClaimRequest, ClaimStrategy, server_version
+from dibs.dialects.backend import Backend
 from dibs.dialects.mysql import MySQL, MySQLClaim
 from dibs.dialects.portable import Generic, PortableClaim
 from dibs.dialects.postgresql import MATERIALIZED_SINCE, PostgreSQL, PostgreSQLClaim
+from dibs.dialects.request import ClaimRequest, ClaimStrategy
 from dibs.dialects.sqlite import SQLite, SQLiteClaim
+from dibs.dialects.versions import server_version
 
 __all__ = ["STRATEGIES", "Backend", "ClaimRequest", "ClaimStrategy", "backend_for", "backend_named", "strategy_for"]
 

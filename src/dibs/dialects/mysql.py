@@ -8,7 +8,7 @@ range, which would otherwise block every concurrent enqueue into that range.
 
 Times come from ``UTC_TIMESTAMP(6)``, the server's clock in UTC with microseconds.
 
-Names and keys (:class:`~dibs.dialects.base.Name` columns) get a binary collation without trailing-space
+Names and keys (:class:`~dibs.dialects.values.Name` columns) get a binary collation without trailing-space
 padding: the servers' default collations fold case and accents, and their ``utf8mb4_bin`` still takes
 ``'k'`` and ``'k '`` for equal.
 """
@@ -25,23 +25,13 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.schema import CreateColumn
 from sqlalchemy.sql import ColumnElement
 
-from dibs.dialects.base import (
-    PICKED,
-    BackendDefaults,
-    ClaimRequest,
-    ClaimStrategy,
-    Name,
-    StatementCache,
-    explicit_transaction,
-    in_key_order,
-    key_of,
-    key_values,
-    keys_in,
-    run_then,
-    server_version,
-    warn_fallback,
-)
+from dibs.dialects.backend import BackendDefaults
+from dibs.dialects.keys import PICKED, in_key_order, key_of, key_values, keys_in
 from dibs.dialects.portable import PORTABLE_INSTEAD, PortableClaim
+from dibs.dialects.request import ClaimRequest, ClaimStrategy, StatementCache, run_then
+from dibs.dialects.transactions import explicit_transaction
+from dibs.dialects.values import Name
+from dibs.dialects.versions import server_version, warn_fallback
 
 MYSQL_SKIP_LOCKED_SINCE = (8, 0, 1)
 MARIADB_SKIP_LOCKED_SINCE = (10, 6)

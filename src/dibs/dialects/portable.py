@@ -19,26 +19,14 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Row
 from sqlalchemy.sql import ColumnElement
 
-from dibs.dialects.base import (
-    PICKED,
-    BackendDefaults,
-    ClaimRequest,
-    ClaimStrategy,
-    FromNow,
-    StatementCache,
-    app_now,
-    explicit_transaction,
-    in_key_order,
-    key_equals,
-    key_of,
-    key_parameters,
-    key_values,
-    keys_in,
-    run_then,
-)
+from dibs.dialects.backend import BackendDefaults
+from dibs.dialects.keys import PICKED, in_key_order, key_equals, key_of, key_parameters, key_values, keys_in
+from dibs.dialects.request import ClaimRequest, ClaimStrategy, StatementCache, run_then
+from dibs.dialects.transactions import explicit_transaction
+from dibs.dialects.values import FromNow, app_now
 
 if TYPE_CHECKING:
-    from dibs.dialects.base import Backend
+    from dibs.dialects.backend import Backend
 
 
 class _Statements(NamedTuple):

@@ -24,9 +24,9 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import sqlalchemy as sa
@@ -36,24 +36,13 @@ from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.elements import Grouping
 
 from dibs.dialects import driver
-from dibs.dialects.base import (
-    BackendDefaults,
-    ClaimRequest,
-    ClaimStrategy,
-    Listener,
-    SortKey,
-    StatementCache,
-    explicit_transaction,
-    fenced_in_list,
-    fenced_in_list_values,
-    in_order,
-    python_order,
-    run_then,
-    server_version,
-    split_order,
-    warn_fallback,
-)
+from dibs.dialects.backend import BackendDefaults, Listener
+from dibs.dialects.keys import fenced_in_list, fenced_in_list_values
+from dibs.dialects.ordering import SortKey, in_order, python_order, split_order
 from dibs.dialects.portable import PORTABLE_INSTEAD, PortableClaim
+from dibs.dialects.request import ClaimRequest, ClaimStrategy, StatementCache, run_then
+from dibs.dialects.transactions import explicit_transaction
+from dibs.dialects.versions import server_version, warn_fallback
 
 SKIP_LOCKED_SINCE = (9, 5)
 #: Column types whose Python values sort as PostgreSQL sorts them. Not text (collations), nor floats and
@@ -124,6 +113,7 @@ class PostgreSQL(BackendDefaults):
 
     name = "postgresql"
     atomic_statements = True
+    partial_indexes = True
 
     def __init__(self) -> None:
         self._notify_statements: dict[str, sa.Select[Any]] = {}
@@ -141,6 +131,16 @@ class PostgreSQL(BackendDefaults):
         return explicit_transaction(
             conn, ["BEGIN ISOLATION LEVEL READ COMMITTED"], ["SET TRANSACTION ISOLATION LEVEL READ COMMITTED"]
         )
+
+    def utc_value(self, moment: datetime) -> datetime:
+        """In UTC with its time zone: dibs's DateTime columns hold time zones on PostgreSQL."""
+        return moment.astimezone(timezone.utc)
+
+    @contextlib.contextmanager
+    def one_statement(self, conn: Connection, *, owned: bool) -> Iterator[None]:
+        # SQLAlchemy's transaction sends nothing in autocommit mode; it marks the statement's bounds.
+        with driver.autocommit(conn, owned=owned), conn.begin():
+            yield
 
     def now(self) -> ColumnElement[datetime]:
         # The statement's start, not the transaction's (now()): a lease write that joins a caller's long

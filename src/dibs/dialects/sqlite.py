@@ -29,26 +29,13 @@ from sqlalchemy.sql import ColumnElement
 
 from dibs._errors import Busy
 from dibs.dialects import driver
-from dibs.dialects.base import (
-    PICKED,
-    BackendDefaults,
-    ClaimRequest,
-    ClaimStrategy,
-    SortKey,
-    StatementCache,
-    fenced_in_list,
-    fenced_in_list_values,
-    in_key_order,
-    in_order,
-    key_values,
-    keys_in,
-    python_order,
-    run_then,
-    server_version,
-    warn_fallback,
-)
+from dibs.dialects.backend import BackendDefaults
+from dibs.dialects.keys import PICKED, fenced_in_list, fenced_in_list_values, in_key_order, key_values, keys_in
+from dibs.dialects.ordering import SortKey, in_order, python_order
 from dibs.dialects.portable import AppClock
+from dibs.dialects.request import ClaimRequest, ClaimStrategy, StatementCache, run_then
 from dibs.dialects.turns import TIMEOUT_INFO, take_turns, writer_turn
+from dibs.dialects.versions import server_version, warn_fallback
 
 RETURNING_SINCE = (3, 35)
 JSON_BUILT_IN = sqlite3.sqlite_version_info >= (3, 38)
@@ -168,6 +155,11 @@ class SQLite(AppClock, BackendDefaults):
 
     name = "sqlite"
     atomic_statements = False
+    #: One: SQLite takes one writer at a time, so two threads of one worker writing at once (a claim and a
+    #: write of finished jobs) would make one wait in SQLite's busy handler, which sleeps a millisecond and
+    #: more; in one thread they take turns at once.
+    default_worker_connections = 1
+    partial_indexes = True
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
         version = server_version(dialect)

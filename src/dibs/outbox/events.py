@@ -217,18 +217,8 @@ def insert_events(conn: Connection, events: Sequence[dict[str, Any]], notify_cha
     if not events:
         return []
     backend = backend_for(conn.dialect)
-    dialect = conn.dialect
-    if len(events) == 1 and dialect.insert_returning:
-        ids = [conn.execute(_statement(backend, True), events[0]).scalar_one()]
-    elif dialect.insert_returning and dialect.insert_executemany_returning_sort_by_parameter_order:
-        ids = list(conn.execute(_statement(backend, True), list(events)).scalars())
-    else:
-        statement = _statement(backend, False)
-        ids = []
-        for values in events:
-            key = conn.execute(statement, values).inserted_primary_key
-            assert key is not None
-            ids.append(int(key[0]))
+    inserted = backend.insert_rows(conn, lambda returning: _statement(backend, returning != "none"), events)
+    ids = inserted.ids or [row[0] for row in inserted.rows]
     notify = backend.notify(notify_channel) if notify_channel else None
     if notify is not None:
         conn.execute(notify, {"dibs_payload": ",".join(sorted({event["target"] for event in events}))})

@@ -21,6 +21,7 @@ from dibs._checks import checked_moment, checked_name, checked_seconds, checked_
 from dibs._errors import DibsError, InvalidArgument, UnknownQueue, UnknownTask
 from dibs.dialects import Backend, backend_for
 from dibs.dialects.base import resolve_times
+from dibs.dialects.inserts import Returning
 from dibs.queue.job import Job
 from dibs.queue.task import TASK_NAME_LIMIT, Task, checked_attempts, checked_priority
 from dibs.schema import LIVE, QUEUED, SCHEDULED, jobs
@@ -148,7 +149,9 @@ def insert_jobs(conn: Connection, new: Sequence[NewJob], notify_channel: str | N
 _statements: dict[tuple[str, bool, bool, str], sa.Insert] = {}
 
 
-def _statement(backend: Backend, job: NewJob, *, deduplicated: bool = False, returning: str = "rows") -> sa.Insert:
+def _statement(
+    backend: Backend, job: NewJob, *, deduplicated: bool = False, returning: Returning = "rows"
+) -> sa.Insert:
     """The INSERT for jobs like ``job``; ``returning``: "rows", "sorted rows" (for executemany) or "none"."""
     key = (backend.name, job.run_at is not None, deduplicated, returning)
     statement = _statements.get(key)
@@ -168,39 +171,28 @@ def _statement(backend: Backend, job: NewJob, *, deduplicated: bool = False, ret
     return statement
 
 
-def _parameters(backend: Backend, job: NewJob, dialect: sa.Dialect) -> dict[str, Any]:
+def _parameters(backend: Backend, job: NewJob) -> dict[str, Any]:
     parameters = dict(job.values)
     if job.run_at is None:
         parameters[_DELAY] = backend.after_value(job.delay or 0.0)
     else:
-        # Databases without time zones hold UTC.
-        parameters[_RUN_AT] = job.run_at if dialect.name == "postgresql" else job.run_at.replace(tzinfo=None)
+        parameters[_RUN_AT] = backend.utc_value(job.run_at)
     return resolve_times(parameters)
 
 
 def _insert_many(conn: Connection, backend: Backend, new: Sequence[NewJob]) -> list[Job]:
-    parameters = [_parameters(backend, job, conn.dialect) for job in new]
-    dialect = conn.dialect
-    if len(new) == 1 and dialect.insert_returning:
-        return [Job.from_row(conn.execute(_statement(backend, new[0]), parameters[0]).one())]
-    if dialect.insert_returning and dialect.insert_executemany_returning_sort_by_parameter_order:
-        result = conn.execute(_statement(backend, new[0], returning="sorted rows"), parameters)
-        return [Job.from_row(row) for row in result]
-    statement = _statement(backend, new[0], returning="none")
-    ids = [_inserted_id(conn.execute(statement, values)) for values in parameters]
-    rows = {row.id: row for row in conn.execute(sa.select(jobs).where(jobs.c.id.in_(ids)))}
-    return [Job.from_row(rows[job_id]) for job_id in ids]
-
-
-def _inserted_id(result: sa.CursorResult[Any]) -> int:
-    key = result.inserted_primary_key
-    assert key is not None
-    return int(key[0])
+    parameters = [_parameters(backend, job) for job in new]
+    inserted = backend.insert_rows(conn, lambda returning: _statement(backend, new[0], returning=returning), parameters)
+    if not inserted.ids:
+        return [Job.from_row(row) for row in inserted.rows]
+    rows = {row.id: row for row in conn.execute(sa.select(jobs).where(jobs.c.id.in_(inserted.ids)))}
+    return [Job.from_row(rows[job_id]) for job_id in inserted.ids]
 
 
 def _insert_deduplicated(conn: Connection, backend: Backend, job: NewJob) -> Job:
-    returning = "rows" if conn.dialect.insert_returning else "none"
-    statement = _statement(backend, job, deduplicated=True, returning=returning)
+    def statement(returning: Returning) -> sa.Insert:
+        return _statement(backend, job, deduplicated=True, returning=returning)
+
     # A locking read sees the latest committed row even inside a caller's REPEATABLE READ transaction
     # (MySQL's default), whose snapshot may predate the job that holds the key.
     live = (
@@ -209,15 +201,11 @@ def _insert_deduplicated(conn: Connection, backend: Backend, job: NewJob) -> Job
         .with_for_update(read=True)
     )
     for _ in range(_DEDUPE_TRIES):
-        parameters = _parameters(backend, job, conn.dialect)
-        if conn.dialect.insert_returning:
-            row = conn.execute(statement, parameters).first()
-            if row is not None:
-                return Job.from_row(row)
-        else:
-            result = conn.execute(statement, parameters)
-            if result.rowcount == 1 and result.lastrowid is not None:
-                return Job.from_row(conn.execute(sa.select(jobs).where(jobs.c.id == result.lastrowid)).one())
+        inserted = backend.insert_one_new(conn, statement, _parameters(backend, job))
+        if isinstance(inserted, int):
+            return Job.from_row(conn.execute(sa.select(jobs).where(jobs.c.id == inserted)).one())
+        if inserted is not None:
+            return Job.from_row(inserted)
         existing = conn.execute(live).first()
         if existing is not None:
             return Job.from_row(existing)

@@ -164,9 +164,8 @@ def checked_periodic(
 
 
 def _stored(conn: Connection, moment: datetime) -> datetime:
-    """A time as the database column takes it: aware on PostgreSQL, naive UTC elsewhere."""
-    utc = moment.astimezone(timezone.utc)
-    return utc if conn.dialect.name == "postgresql" else utc.replace(tzinfo=None)
+    """A time as the database column takes it (see Backend.utc_value)."""
+    return backend_for(conn.dialect).utc_value(moment)
 
 
 def _database_now(conn: Connection) -> datetime:

@@ -278,12 +278,9 @@ class Worker:
         self._done: list[Lease] = []
         self._flushing = True
         self._done_ready: asyncio.Event | None = None
-        # One thread per connection. SQLite takes one writer at a time: two threads of one worker writing at
-        # once (a claim and a flush of successes) would make one of them wait in SQLite's busy handler, which
-        # sleeps a millisecond and more; in one thread they take turns at once. Its statements run without
-        # the GIL either way.
+        # One thread per connection; the database's statements run without the GIL.
         if connections is None:
-            connections = 1 if app.engine.dialect.name == "sqlite" else 2
+            connections = self._store.backend.default_worker_connections
         self.connections = connections
         self._db = ThreadPoolExecutor(connections, thread_name_prefix="dibs-db")
         self._schema_reported: float | None = None  # when the missing tables were last logged
