@@ -25,13 +25,10 @@ import contextlib
 import gc
 import json
 import logging
-import os
 import signal
-import socket
 import threading
 import time
 import traceback
-import uuid
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -43,16 +40,16 @@ from typing import Any, Protocol, TypeVar
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from dibs._checks import checked_count, checked_name, checked_seconds, checked_text
 from dibs._errors import InvalidArgument, SchemaMissing
 from dibs._signals import handle_stop_signals
 from dibs.dialects.base import Listener
-from dibs.lease import OWNER_LIMIT, Lease
-from dibs.metrics import Metrics, QueueDepth, checked_metrics_port
+from dibs.lease import Lease
+from dibs.metrics import Metrics, QueueDepth
 from dibs.queue.enqueue import CHANNEL
 from dibs.queue.job import JobContext
 from dibs.queue.outcome import Outcome, failed_outcome
 from dibs.queue.registry import keep_registered
+from dibs.queue.settings import worker_settings
 from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, ID_AT, TASK_AT, JobStore, WorkLeft, error_text
 from dibs.queue.task import Task
 from dibs.schema import CANCELLED, require_current, translated
@@ -204,55 +201,36 @@ class Worker:
         tune_gc: bool = False,
     ) -> None:
         self.app = app
-        chosen = app.queues if queues is None else frozenset(checked_name(q, "a queue name") for q in queues)
-        unknown = chosen - app.queues
-        if unknown:
-            raise InvalidArgument(
-                f"no task is on queue(s) {', '.join(sorted(unknown))}; this app's queues: "
-                f"{', '.join(sorted(app.queues)) or 'none (register a task first)'}"
-            )
-        if not chosen:
-            raise InvalidArgument("this app has no tasks; register at least one with @app.task before running a worker")
-        self.queues = sorted(chosen)
-        self.tags = sorted(checked_name(tag, "a tag") for tag in tags)
+        self.settings = worker_settings(
+            app.queues,
+            queues=queues,
+            tags=tags,
+            concurrency=concurrency,
+            batch=batch,
+            lease=lease,
+            heartbeat=heartbeat,
+            poll=poll,
+            grace=grace,
+            upkeep_every=upkeep_every,
+            retention=retention,
+            burst=burst,
+            name=name,
+            metrics_port=metrics_port,
+            metrics_address=metrics_address,
+            handle_signals=handle_signals,
+            connections=connections,
+            tune_gc=tune_gc,
+        )
+        settings = self.settings
+        self.queues, self.tags, self.name = list(settings.queues), list(settings.tags), settings.name
+        self.concurrency, self.batch, self.burst = settings.concurrency, settings.batch, settings.burst
+        self.lease_seconds, self.heartbeat_seconds = settings.lease_seconds, settings.heartbeat_seconds
+        self.poll_seconds, self.grace_seconds = settings.poll_seconds, settings.grace_seconds
+        self.upkeep_seconds, self.retention = settings.upkeep_seconds, settings.retention
+        self.metrics_port, self.metrics_address = settings.metrics_port, settings.metrics_address
+        self.handle_signals, self.tune_gc = settings.handle_signals, settings.tune_gc
         # A job routed by enqueue(queue=...) to one of our queues may be of any registered task.
         self.task_names = sorted(app.tasks)
-        self.concurrency = checked_count(concurrency, "concurrency")
-        self.batch = self.concurrency if batch is None else checked_count(batch, "batch")
-        self.lease_seconds = checked_seconds(lease, "lease")
-        poll, upkeep_every = checked_seconds(poll, "poll"), checked_seconds(upkeep_every, "upkeep_every")
-        if connections is not None and (type(connections) is not int or connections not in (1, 2)):
-            raise InvalidArgument(
-                f"connections must be 1 or 2, got {connections!r}: 2 lets a claim run while successes are "
-                "written, 1 has them take turns"
-            )
-        grace = checked_seconds(grace, "grace", zero=True)
-        self.heartbeat_seconds = (
-            self.lease_seconds / 3 if heartbeat is None else checked_seconds(heartbeat, "heartbeat")
-        )
-        if not self.heartbeat_seconds < self.lease_seconds:
-            raise InvalidArgument(
-                f"heartbeat must be a positive number of seconds below the lease ({self.lease_seconds:g}), "
-                f"got {heartbeat!r}; "
-                "a third of the lease (the default) renews it twice before it could expire"
-            )
-        if retention is not None:
-            retention = timedelta(seconds=checked_seconds(retention, "retention", zero=True))
-        if metrics_port is not None:
-            checked_metrics_port(metrics_port)
-        self.poll_seconds = float(poll)
-        self.grace_seconds = float(grace)
-        self.upkeep_seconds = float(upkeep_every)
-        self.retention = retention
-        self.burst = burst
-        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        checked_text(self.name, "name", OWNER_LIMIT)
-        if not isinstance(metrics_address, str) or not metrics_address:
-            raise InvalidArgument(f"metrics_address must be a host name or IP address, got {metrics_address!r}")
-        self.metrics_port = metrics_port
-        self.metrics_address = metrics_address
-        self.handle_signals = handle_signals
-        self.tune_gc = tune_gc
         self.stats = WorkerStats()
         #: Set from start-up until the worker stops (see the class's description).
         self.ready = threading.Event()
@@ -279,12 +257,10 @@ class Worker:
         self._flushing = True
         self._done_ready: asyncio.Event | None = None
         # One thread per connection; the database's statements run without the GIL.
-        if connections is None:
-            connections = self._store.backend.default_worker_connections
-        self.connections = connections
-        self._db = ThreadPoolExecutor(connections, thread_name_prefix="dibs-db")
+        self.connections = settings.connections or self._store.backend.default_worker_connections
+        self._db = ThreadPoolExecutor(self.connections, thread_name_prefix="dibs-db")
         self._schema_reported: float | None = None  # when the missing tables were last logged
-        self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="dibs-task")
+        self._threads = ThreadPoolExecutor(self.concurrency, thread_name_prefix="dibs-task")
 
     # -- control -----------------------------------------------------------------------------------
 
