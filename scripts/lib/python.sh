@@ -15,7 +15,7 @@ dibs_python() {
     fi
     local stamp=".venv/.dibs-installed-$extras"
     if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-        echo "== installing dibs[$extras] into .venv"
+        echo "== installing dibs-sql[$extras] into .venv"
         .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
         .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
         touch "$stamp"

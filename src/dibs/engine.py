@@ -68,11 +68,11 @@ def checked_url(url: str | sa.URL) -> sa.URL:
 
 #: What to install for the drivers dibs is tested with, by SQLAlchemy driver name.
 _EXTRAS = {
-    "psycopg": "dibs[postgres]",
-    "asyncpg": "dibs[asyncpg]",
-    "pymysql": "dibs[mysql]",
-    "asyncmy": "dibs[mysql]",
-    "aiosqlite": "dibs[sqlite-async]",
+    "psycopg": "dibs-sql[postgres]",
+    "asyncpg": "dibs-sql[asyncpg]",
+    "pymysql": "dibs-sql[mysql]",
+    "asyncmy": "dibs-sql[mysql]",
+    "aiosqlite": "dibs-sql[sqlite-async]",
 }
 
 

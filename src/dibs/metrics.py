@@ -1,4 +1,4 @@
-"""Prometheus metrics of a worker, served on a port when asked (``pip install "dibs[metrics]"``).
+"""Prometheus metrics of a worker, served on a port when asked (``pip install "dibs-sql[metrics]"``).
 
 They are served on the loopback interface unless an address is given: the metrics name queues and tasks,
 and a port open to every network should be a choice.
@@ -38,7 +38,7 @@ def _prometheus() -> ModuleType:
     except ImportError as exc:
         raise InvalidArgument(
             "serving metrics (metrics_port, --metrics-port) needs the prometheus-client package, which the "
-            'metrics extra installs: pip install "dibs[metrics]"'
+            'metrics extra installs: pip install "dibs-sql[metrics]"'
         ) from exc
     return prometheus_client
 

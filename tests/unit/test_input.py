@@ -110,7 +110,7 @@ def test_a_worker_given_a_metrics_port_without_the_extra_says_which_extra_to_ins
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == (
         "serving metrics (metrics_port, --metrics-port) needs the prometheus-client package, which the metrics "
-        'extra installs: pip install "dibs[metrics]"'
+        'extra installs: pip install "dibs-sql[metrics]"'
     )
 
 

@@ -91,7 +91,7 @@ class Periodic:
         try:
             from cronsim import CronSim, CronSimError
         except ImportError as exc:  # pragma: no cover - depends on the install
-            raise InvalidArgument("cron schedules need cronsim: pip install 'dibs[cron]'") from exc
+            raise InvalidArgument("cron schedules need cronsim: pip install 'dibs-sql[cron]'") from exc
         try:
             slots: Iterator[datetime] = CronSim(self.cron or "", moment.astimezone(timezone.utc))
             first = next(slots)

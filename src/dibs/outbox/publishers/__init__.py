@@ -1,10 +1,10 @@
 """Publishers: one small interface, one module per broker, chosen by the URL's scheme.
 
 ========================  =============================================================
-``redis://``, ``rediss://``  Redis Streams (``dibs[redis]``)
-``nats://``, ``tls://``      NATS JetStream (``dibs[nats]``)
-``amqp://``, ``amqps://``    RabbitMQ (``dibs[rabbitmq]``)
-``http://``, ``https://``    an HTTP webhook, one POST per event (``dibs[webhook]``)
+``redis://``, ``rediss://``  Redis Streams (``dibs-sql[redis]``)
+``nats://``, ``tls://``      NATS JetStream (``dibs-sql[nats]``)
+``amqp://``, ``amqps://``    RabbitMQ (``dibs-sql[rabbitmq]``)
+``http://``, ``https://``    an HTTP webhook, one POST per event (``dibs-sql[webhook]``)
 ``log://``, ``stdout://``    Python logging, or JSON lines on standard output
 ========================  =============================================================
 """

@@ -79,7 +79,7 @@ class NatsJetStream(Publisher):
             import nats.errors
             import nats.js.errors
         except ImportError as exc:  # pragma: no cover - depends on the install
-            raise InvalidArgument("publishing to NATS needs nats-py: pip install 'dibs[nats]'") from exc
+            raise InvalidArgument("publishing to NATS needs nats-py: pip install 'dibs-sql[nats]'") from exc
         self._nats = nats
         server, options = split_options(url, {"subject": "dibs.{aggregate_type}", "stream": None, "timeout": "10"})
         parts = urlsplit(server)

@@ -45,7 +45,7 @@ class RabbitMQ(Publisher):
             import aio_pika
             import aiormq.exceptions
         except ImportError as exc:  # pragma: no cover - depends on the install
-            raise InvalidArgument("publishing to RabbitMQ needs aio-pika: pip install 'dibs[rabbitmq]'") from exc
+            raise InvalidArgument("publishing to RabbitMQ needs aio-pika: pip install 'dibs-sql[rabbitmq]'") from exc
         self._aio_pika = aio_pika
         self._errors = aiormq.exceptions
         client_url, options = split_options(

@@ -9,7 +9,7 @@ redis-py. Each entry's fields are ``id`` (the event id, for consumers to drop du
 ``created_at`` (ISO 8601), as written. Entries of one aggregate are added in order.
 
 The batch goes out on redis-py's blocking client, in a thread, rather than on its asyncio client: the
-blocking client packs commands with hiredis (installed with ``dibs[redis]``) and reads the replies of a
+blocking client packs commands with hiredis (installed with ``dibs-sql[redis]``) and reads the replies of a
 pipeline from one buffer, where the asyncio client packs each command in Python and reads each reply
 under a timeout of its own, which cost more CPU than the rest of the relay.
 """
@@ -31,7 +31,7 @@ class RedisStreams(Publisher):
         try:
             import redis
         except ImportError as exc:  # pragma: no cover - depends on the install
-            raise InvalidArgument("publishing to Redis needs redis-py: pip install 'dibs[redis]'") from exc
+            raise InvalidArgument("publishing to Redis needs redis-py: pip install 'dibs-sql[redis]'") from exc
         self._unreachable = (redis.ConnectionError, redis.TimeoutError, OSError)
         client_url, options = split_options(url, {"stream": "dibs.{aggregate_type}", "maxlen": None})
         self.stream = Template(options["stream"], "stream name")

@@ -70,7 +70,7 @@ class Webhook(Publisher):
         try:
             import httpx
         except ImportError as exc:  # pragma: no cover - depends on the install
-            raise InvalidArgument("publishing to a webhook needs httpx: pip install 'dibs[webhook]'") from exc
+            raise InvalidArgument("publishing to a webhook needs httpx: pip install 'dibs-sql[webhook]'") from exc
         self._httpx = httpx
         ours = {"timeout": "10", "concurrency": "16"}
         _, options = split_options(url, ours)
