@@ -5,7 +5,9 @@ PostgreSQL, huey on SQLite) with 1, 2, 4 and 8 worker processes on PostgreSQL, S
 pickup latency at fixed offered rates (``benchmarks.drain``); the claim cost as the backlog grows and as
 finished rows accumulate (``benchmarks.backlog``); the outbox relay from PostgreSQL to Redis Streams
 (``benchmarks.relay``). Each part writes its own JSON; this run writes one more, ``run-<time>.json``,
-holding all of them with the machine and the goals, then draws the plots into docs/benchmarks/.
+holding all of them with the machine and the goals, then draws the plots into docs/benchmarks/. It does not
+rewrite docs/benchmarks.md, which quotes one complete run by hand, nor docs/benchmarks/history.md, which lists
+every result file: update both when committing a run's results (tests/acceptance/test_docs_site.py checks).
 
     python -m benchmarks                           # everything, about 45 minutes here
     python -m benchmarks --quick                   # every part once, small: about 10 minutes
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     for path in plots.draw(run, options.plots):
         print(f"drew {path}")
     print(f"\nwritten to {out} after {run['seconds'] / 60:.1f} minutes")
+    print("to publish it: quote it in docs/benchmarks.md and list its files in docs/benchmarks/history.md")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ reference pages name every public name, command, option and column that the code
 from __future__ import annotations
 
 import inspect
+import json
 import os
 import re
 import subprocess
@@ -172,3 +173,28 @@ def test_errors_reference_names_every_error() -> None:
     ]
     absent = [name for name in errors if f"| `{name}` |" not in text]
     assert not absent, f"reference/errors.md has no row saying what to do about {absent}"
+
+
+def complete_runs() -> list[Path]:
+    """The runner's result files that hold every part, oldest first (their names sort by time)."""
+    from benchmarks.__main__ import PARTS
+
+    runs = sorted((ROOT / "benchmarks" / "results").glob("run-*.json"))
+    return [path for path in runs if set(PARTS) <= set(json.loads(path.read_text(encoding="utf-8"))["parts"])]
+
+
+def test_performance_page_shows_the_newest_complete_run() -> None:
+    # The runner writes results and redraws the plots but not the page: a new run must be quoted by hand.
+    newest = complete_runs()[-1].name
+    page = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    assert newest in page.split("\n## ")[0], f"docs/benchmarks.md should open with the newest complete run, {newest}"
+
+
+def test_benchmark_history_lists_every_result_file() -> None:
+    lines = (DOCS / "benchmarks" / "history.md").read_text(encoding="utf-8").splitlines()
+    listed = [match.group(1) for line in lines if (match := re.match(r"- `([^`]+\.json)`", line))]
+    kept = sorted(path.name for path in (ROOT / "benchmarks" / "results").glob("*.json"))
+    assert sorted(listed) == kept, (
+        f"docs/benchmarks/history.md lacks {sorted(set(kept) - set(listed))}, "
+        f"lists files that are gone or twice: {sorted(set(listed) - set(kept)) or 'none'}"
+    )
