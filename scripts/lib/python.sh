@@ -17,6 +17,10 @@ dibs_python() {
     if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
         echo "== installing dibs-sql[$extras] into .venv"
         .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+        # The distribution was named dibs before dibs-sql; an install under the old name would shadow this one.
+        if .venv/bin/python -m pip show --quiet dibs >/dev/null 2>&1; then
+            .venv/bin/python -m pip uninstall --quiet --disable-pip-version-check --yes dibs
+        fi
         .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
         touch "$stamp"
     fi
