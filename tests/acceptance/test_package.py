@@ -88,7 +88,9 @@ def test_wheel_holds_the_package_under_its_import_name(dist: Path) -> None:
     assert "dibs = dibs.cli:main" in entry_points
     (sdist,) = dist.glob("*.tar.gz")
     with tarfile.open(sdist) as archive:
-        assert any(name.endswith("/src/dibs/__init__.py") for name in archive.getnames())
+        names = archive.getnames()
+    assert any(name.endswith("/src/dibs/__init__.py") for name in names)
+    assert not [name for name in names if "/benchmarks/results/" in name], "benchmark results are not shipped"
 
 
 def test_wheel_installs_in_a_clean_venv_and_works(dist: Path, tmp_path: Path) -> None:
