@@ -330,24 +330,57 @@ def test_the_readme_and_the_docs_have_code_to_run() -> None:
     assert len(PAGES) > 1, "no page found under docs/"
 
 
-@pytest.mark.parametrize("page", [pytest.param(page, id=str(page.relative_to(ROOT))) for page in PAGES])
-def test_page_runs_as_written(page: Path, tmp_path: Path) -> None:
-    reader = Reader(tmp_path, reader_environment())
+def run_page(blocks: list[Block], directory: Path) -> list[str]:
+    """Follow a page's blocks in order in ``directory``; fails the test at the first block that fails.
+    Returns the command lines that were only parsed, and why."""
+    reader = Reader(directory, reader_environment())
     try:
-        for block, script in scripts_in_order(page_blocks(page)):
+        for block, script in scripts_in_order(blocks):
             if block.file is not None:
-                target = tmp_path / block.file
+                target = directory / block.file
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(block.code, encoding="utf-8")
             elif block.language in PYTHON:
-                path = tmp_path / f".docs-block-{block.line}.py"
+                path = directory / f".docs-block-{block.line}.py"
                 path.write_text(script, encoding="utf-8")
                 reader.python(path, block.where)
             elif block.language in SHELL:
                 run_shell(block, reader)
     finally:
         reader.drop_databases()
-    print("\n".join(reader.only_parsed))
+    return reader.only_parsed
+
+
+@pytest.mark.parametrize("page", [pytest.param(page, id=str(page.relative_to(ROOT))) for page in PAGES])
+def test_page_runs_as_written(page: Path, tmp_path: Path) -> None:
+    print("\n".join(run_page(page_blocks(page), tmp_path)))
+
+
+FAILING = """\
+<!-- file: tasks.py -->
+```python
+VALUE = 1
+```
+
+```python
+from tasks import VALUE
+
+assert VALUE == 2, "the page is wrong"
+```
+"""
+
+
+def test_a_block_that_fails_fails_its_page(tmp_path: Path) -> None:
+    # The fence is on line 6, the failing assert on line 9: tracebacks carry the page's line numbers.
+    wanted = r"page\.md line 6 exited 1(.|\n)*line 9, in(.|\n)*the page is wrong"
+    with pytest.raises(pytest.fail.Exception, match=wanted):
+        run_page(blocks_of(FAILING), tmp_path)
+
+
+def test_a_dibs_command_that_fails_fails_its_page(tmp_path: Path) -> None:
+    page = "```bash\ndibs jobs show 1\n```\n"  # no such job: exit status 1
+    with pytest.raises(pytest.fail.Exception, match=r"`dibs jobs show 1` exited 1"):
+        run_page(blocks_of(page), tmp_path)
 
 
 SAMPLE = """\
