@@ -1,5 +1,6 @@
 """The service base: run() refuses a running loop, stop() works from any thread and before the start, a
-failure to start leaves no thread, and the readiness flag follows the run."""
+failure to start leaves no thread, background tasks end before the close, and the readiness flag follows
+the run."""
 
 from __future__ import annotations
 
@@ -33,10 +34,18 @@ class Sleeper(Service[str]):
 
     async def serve(self) -> str:
         self.seen.append("ready" if self.ready.is_set() else "not ready")
+        self.background(self._beat(), "test-beat")
         while not self.stopping:
             self.wakeup.clear()
             await self.wakeup.sleep(10.0)
         return "hurried" if self.hurry else "stopped"
+
+    async def _beat(self) -> None:
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            self.seen.append("beat cancelled")
+            raise
 
     async def close(self) -> None:
         self.seen.append("close")
@@ -56,7 +65,7 @@ def test_stop_from_another_thread_ends_the_run_at_once_and_clears_readiness() ->
     service = Sleeper()
     threading.Timer(0.1, service.stop).start()
     assert service.run() == "stopped"
-    assert service.seen == ["start", "ready", "close"]
+    assert service.seen == ["start", "ready", "beat cancelled", "close"]
     assert not service.ready.is_set()
 
 

@@ -138,6 +138,7 @@ class Worker(Service[WorkerStats]):
         )
         super().__init__(name=settings.name, threads=threads, handle_signals=settings.handle_signals, log=log)
         self._missing = MissingTables(log, f"worker {self.name} cannot reach its jobs")
+        self._listening = False
         self._wire()
 
     def _wire(self) -> None:
@@ -183,7 +184,9 @@ class Worker(Service[WorkerStats]):
     async def arun(self) -> WorkerStats:
         """Run on the caller's event loop until stopped; returns what was done."""
         with tuned_gc() if self.tune_gc else contextlib.nullcontext():
-            return await super().arun()
+            stats = await super().arun()
+        log.info("worker %s stopped: %s", self.name, stats)
+        return stats
 
     async def start(self) -> None:
         """Check the schema and record the periodic schedules. A connection dropped under the worker as it
@@ -204,39 +207,34 @@ class Worker(Service[WorkerStats]):
             self.fetcher.metrics = self.runners.metrics = self.writes.metrics = self.metrics
 
     async def serve(self) -> WorkerStats:
-        """Claim and run jobs until stopped, then shut down in order; returns what was done."""
-        listening = self._listen()
+        """Claim and run jobs until stopped, then give back what has not started and let running jobs end."""
+        self._listening = self._listen()
         self.writes.successes.start()
         runners = self.runners.start()
-        chores = [
-            asyncio.create_task(self.keeper.run(self.threads), name="dibs-heartbeats"),
-            asyncio.create_task(self.upkeep.run(), name="dibs-upkeep"),
-            # Its row in dibs_workers, for `dibs status`: written now, beating, deleted as it stops.
-            asyncio.create_task(keep_registered(self, self.threads.call), name="dibs-registry"),
-        ]
+        self.background(self.keeper.run(self.threads), "dibs-heartbeats")
+        self.background(self.upkeep.run(), "dibs-upkeep")
+        # Its row in dibs_workers, for `dibs status`: written now, beating, deleted as it stops.
+        self.background(keep_registered(self, self.threads.call), "dibs-registry")
         log.info("worker %s started: queues %s, concurrency %d", self.name, ",".join(self.queues), self.concurrency)
-        try:
-            await self.fetcher.run()
-            # Jobs of a claim that came back as the worker stopped, not yet started: given back at once.
-            await self.writes.release(self.jobs.unstarted())
-            self.abandoned = await self.runners.stop(runners, grace=self.grace_seconds, hurry=lambda: self.hurry)
-            await self.writes.successes.flush()
-            # Sync jobs still running past the grace period cannot be stopped from here: their leases are no
-            # longer renewed, so another worker may run them again once they expire. `dibs worker` ends its
-            # process at this point, which stops them.
-        finally:
-            for chore in chores:
-                chore.cancel()
-            await asyncio.gather(*chores, return_exceptions=True)
-            # Not cancelled: a write of successes under way is waited for and counted.
-            await self.writes.successes.stop()
-            if listening:
-                await self.threads.call(self.wakeup.close)
-            if self.metrics is not None:
-                self.metrics.close()
-            self.runners.shutdown()
-        log.info("worker %s stopped: %s", self.name, self.stats)
+        await self.fetcher.run()
+        # Jobs of a claim that came back as the worker stopped, not yet started: given back at once.
+        await self.writes.release(self.jobs.unstarted())
+        self.abandoned = await self.runners.stop(runners, grace=self.grace_seconds, hurry=lambda: self.hurry)
+        await self.writes.successes.flush()
+        # Sync jobs still running past the grace period cannot be stopped from here: their leases are no
+        # longer renewed, so another worker may run them again once they expire. `dibs worker` ends its
+        # process at this point, which stops them.
         return self.stats
+
+    async def close(self) -> None:
+        """Write the last successes (a write under way is waited for and counted), stop listening, stop serving
+        metrics, and let the threads of sync jobs go."""
+        await self.writes.successes.stop()
+        if self._listening:
+            await self.threads.call(self.wakeup.close)
+        if self.metrics is not None:
+            self.metrics.close()
+        self.runners.shutdown()
 
     def _listen(self) -> bool:
         """Wake on notifications of new jobs on our queues, where the database sends them."""

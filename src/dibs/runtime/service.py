@@ -8,6 +8,9 @@ Its blocking database calls go to :class:`~dibs.runtime.database.DatabaseThreads
 * :meth:`Service.serve`: the work, until it is stopped (or, for a burst, done); returns its result;
 * :meth:`Service.close`: the stages' shutdown, awaited whether ``serve`` ended or failed.
 
+Tasks that live as long as the run (heartbeats, upkeep) are started with :meth:`Service.background`: they
+are cancelled, and awaited, when ``serve`` ends, before ``close``.
+
 :meth:`Service.stop` may be called from any thread; SIGTERM or SIGINT, in the main thread, stop it too: the
 first signal gracefully, a second in a hurry.
 """
@@ -20,7 +23,8 @@ import logging
 import signal
 import threading
 from abc import ABC, abstractmethod
-from typing import Generic, TypeVar
+from collections.abc import Coroutine
+from typing import Any, Generic, TypeVar
 
 from dibs._errors import InEventLoop
 from dibs.runtime.database import DatabaseThreads
@@ -54,6 +58,7 @@ class Service(ABC, Generic[R]):
         self._stopping = threading.Event()
         self._hurry = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._background: list[asyncio.Task[None]] = []
 
     # -- the hooks ---------------------------------------------------------------------------------------
 
@@ -112,11 +117,24 @@ class Service(ABC, Generic[R]):
             return await self.serve()
         finally:
             try:
+                await self._end_background()
                 await self.close()
             finally:
                 self._signals(install=False)
                 self.threads.shutdown(wait=True)
                 self.ready.clear()
+
+    def background(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        """Run ``work`` beside :meth:`serve` until it ends; it is cancelled (and awaited) then, before :meth:`close`."""
+        task = asyncio.create_task(work, name=name)
+        self._background.append(task)
+        return task
+
+    async def _end_background(self) -> None:
+        tasks, self._background = self._background, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def stop(self, *, hurry: bool = False) -> None:
         """Ask the service to stop, gracefully, from any thread.
