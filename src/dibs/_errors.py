@@ -7,6 +7,7 @@
     │   ├── UnknownTask     (also a LookupError) no task of that name is registered
     │   └── UnknownQueue    (also a LookupError) no task or app declares that queue
     ├── InTransaction       claim() was handed a connection with an open transaction
+    ├── InEventLoop         (also a RuntimeError) a blocking run() was called inside a running event loop
     ├── Busy                SQLite stayed locked past its busy timeout
     ├── LeaseLost           the lease was taken over or finished; the write changed nothing
     ├── SchemaMissing       the database lacks the dibs tables, or has an older version of them
@@ -63,6 +64,10 @@ class BrokerUnavailable(DibsError):
 
 class InTransaction(DibsError):
     """claim() was called on a connection that is inside a transaction. Nothing was written."""
+
+
+class InEventLoop(DibsError, RuntimeError):
+    """A service's blocking ``run()`` was called on a thread whose event loop is running: await ``arun()`` there."""
 
 
 class Busy(DibsError):

@@ -24,7 +24,7 @@ LAYERS = (
     ("dibs._errors", "dibs._checks", "dibs._signals"),
     ("dibs.dialects",),
     ("dibs.engine", "dibs.schema", "dibs.retry", "dibs.metrics"),
-    ("dibs.claim", "dibs.lease"),
+    ("dibs.claim", "dibs.lease", "dibs.runtime"),
     ("dibs.due", "dibs.queue", "dibs.outbox"),
     ("dibs", "dibs.cli", "dibs.demo"),
 )

@@ -1,0 +1,75 @@
+"""Upkeep scheduling: each chore runs at once, then every interval of its own from the end of its last run;
+one that fails is reported and does not hold up the others."""
+
+from __future__ import annotations
+
+import asyncio
+
+from dibs.runtime import Chore, Upkeep
+
+
+async def nothing() -> None:
+    return None
+
+
+def test_a_chore_that_has_not_run_is_due_at_once() -> None:
+    chore = Chore("sweep", 60.0, nothing)
+    assert chore.is_due(now=0.0)
+    assert chore.due_in(now=0.0) == 0.0
+
+
+def test_a_chore_is_due_again_its_interval_after_its_last_run() -> None:
+    chore = Chore("sweep", 60.0, nothing, last=100.0)
+    assert not chore.is_due(now=159.9)
+    assert chore.due_in(now=130.0) == 30.0
+    assert chore.is_due(now=160.0)
+
+
+def test_only_the_chores_due_run_and_the_wait_is_until_the_next_one() -> None:
+    often = Chore("promote", 1.0, nothing, last=10.0)
+    rarely = Chore("purge", 60.0, nothing, last=10.0)
+    upkeep = Upkeep([often, rarely])
+    assert upkeep.due(now=10.5) == []
+    assert upkeep.wait(now=10.5) == 0.5
+    assert upkeep.due(now=11.0) == [often]
+    assert upkeep.due(now=70.0) == [often, rarely]
+
+
+def test_a_failing_chore_is_reported_and_the_others_still_run() -> None:
+    ran: list[str] = []
+    failures: list[tuple[str, str]] = []
+
+    async def broken() -> None:
+        ran.append("broken")
+        raise ConnectionError("away")
+
+    async def fine() -> None:
+        ran.append("fine")
+
+    upkeep = Upkeep(
+        [Chore("broken", 1.0, broken), Chore("fine", 1.0, fine)],
+        failed=lambda chore, error: failures.append((chore.name, str(error))),
+    )
+    asyncio.run(upkeep.run_due())
+    assert ran == ["broken", "fine"]
+    assert failures == [("broken", "away")]
+    assert all(chore.last is not None for chore in upkeep.chores)  # a failed run waits its interval too
+
+
+def test_running_repeats_each_chore_on_its_own_interval() -> None:
+    counts = {"fast": 0, "slow": 0}
+
+    def counting(name: str) -> Chore:
+        async def work() -> None:
+            counts[name] += 1
+
+        return Chore(name, 0.05 if name == "fast" else 10.0, work)
+
+    async def scenario() -> None:
+        task = asyncio.create_task(Upkeep([counting("fast"), counting("slow")]).run())
+        await asyncio.sleep(0.3)
+        task.cancel()
+
+    asyncio.run(scenario())
+    assert counts["slow"] == 1
+    assert 3 <= counts["fast"] <= 7
