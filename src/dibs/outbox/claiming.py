@@ -15,7 +15,8 @@ from dibs.lease import Lease
 from dibs.outbox.marking import Marks
 from dibs.outbox.publishing import Publishing
 from dibs.outbox.settings import RelaySettings
-from dibs.outbox.stage import DatabaseCall, RelayOutbox, Sleep
+from dibs.outbox.stage import RelayOutbox
+from dibs.runtime import Backoff, DatabaseThreads, Wakeup
 from dibs.schema import FAILED, PROCESSING
 
 log = logging.getLogger("dibs.relay")
@@ -32,29 +33,31 @@ class Lane:
         settings: RelaySettings,
         outbox: RelayOutbox,
         publishing: Publishing,
-        call: DatabaseCall,
-        sleep: Sleep,
+        threads: DatabaseThreads,
+        wakeup: Wakeup,
         stopping: Callable[[], bool],
     ) -> None:
         self.settings = settings
         self.outbox = outbox
         self.publishing = publishing
         self.marks: Marks = publishing.marks
-        self.call = call
-        self.sleep = sleep
+        self.threads = threads
+        self.wakeup = wakeup
         self.stopping = stopping
 
     async def run(self) -> None:
         """Claim and publish until the relay stops; in burst mode, return once nothing is left to publish."""
-        idle = FIRST_WAIT
+        idle = Backoff(first=FIRST_WAIT, most=self.settings.poll)
         confirming = False  # burst: nothing seemed left; one more claim makes sure
         while not self.stopping():
+            # Cleared before the claim: events added while it runs cut the following sleep short.
+            self.wakeup.clear()
             try:
                 held = await self._claim()
             except Exception as error:  # the database is away or busy: try again, backing off
-                log.warning("claiming outbox events failed, trying again in %.1f s: %s", idle, error)
-                await self.sleep(idle)
-                idle = min(max(idle * 2, 0.1), self.settings.poll)
+                wait = idle.next(floor=0.1)
+                log.warning("claiming outbox events failed, trying again in %.1f s: %s", wait, error)
+                await self.wakeup.sleep(wait)
                 continue
             if not held:
                 if self.settings.burst and await self._is_nothing_left():
@@ -63,39 +66,39 @@ class Lane:
                     confirming = True
                     continue
                 confirming = False
-                await self.sleep(idle)
-                idle = min(idle * 2, self.settings.poll)
+                await self.wakeup.sleep(idle.next())
                 continue
-            idle, confirming = FIRST_WAIT, False
+            idle.reset()
+            confirming = False
             await self.publishing.publish(held)
             if self.publishing.outage_wait:
-                await self.sleep(self.publishing.outage_wait)
+                self.wakeup.clear()
+                await self.wakeup.sleep(self.publishing.outage_wait)
 
     async def _claim(self) -> list[Lease]:
         settings = self.settings
-        held = await self.call(
-            lambda: self.outbox.store.claim(
-                self.outbox.engine,
-                owner=settings.name,
-                limit=settings.batch,
-                target=settings.target,
-                lease_seconds=settings.lease,
-            )
+        held = await self.threads.call(
+            self.outbox.store.claim,
+            self.outbox.engine,
+            owner=settings.name,
+            limit=settings.batch,
+            target=settings.target,
+            lease_seconds=settings.lease,
         )
         self.marks.stats.claimed += len(held)
-        self.marks.hold(held)
+        self.marks.keeper.hold(held)
         return held
 
     async def _is_nothing_left(self) -> bool:
         """Whether none of the target's events is being published or waits for a retry (pending events behind
         an abandoned head stay, under the block policy)."""
-        if self.marks.in_flight:
+        if self.marks.keeper.held:
             return False
         store, engine = self.outbox.store, self.outbox.engine
         try:
-            if await self.call(store.promote_due, engine):
+            if await self.threads.call(store.promote_due, engine):
                 return False
-            counts = await self.call(store.unfinished, engine, self.settings.target)
+            counts = await self.threads.call(store.unfinished, engine, self.settings.target)
         except Exception as error:
             log.warning("could not check for remaining events: %s", error)
             return False

@@ -8,30 +8,25 @@ leaves its events to go out again once their leases expire: published at least o
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 from dibs.lease import Lease
 from dibs.outbox.failures import sorted_failures
-from dibs.outbox.stage import DatabaseCall, RelayOutbox, RelayStats
+from dibs.outbox.stage import RelayOutbox, RelayStats
+from dibs.runtime import DatabaseThreads, LeaseKeeper
 
 log = logging.getLogger("dibs.relay")
 
 
 class Marks:
-    """Keeps the leases of the events in flight and writes what became of each."""
+    """Writes what became of each event in flight; the lease keeper holds their leases until then."""
 
-    def __init__(self, outbox: RelayOutbox, stats: RelayStats, call: DatabaseCall) -> None:
+    def __init__(self, outbox: RelayOutbox, stats: RelayStats, threads: DatabaseThreads, keeper: LeaseKeeper) -> None:
         self.outbox = outbox
         self.stats = stats
-        self.call = call
-        #: The leases claimed and not yet written, by key: renewed by the heartbeats, given back at the end.
-        self.in_flight: dict[tuple[Any, ...], Lease] = {}
-
-    def hold(self, leases: Iterable[Lease]) -> None:
-        """Keep these claimed leases until their outcome is written."""
-        for lease in leases:
-            self.in_flight[lease.key] = lease
+        self.threads = threads
+        self.keeper = keeper
 
     async def complete(self, leases: list[Lease]) -> None:
         """Record events as published."""
@@ -61,7 +56,7 @@ class Marks:
             return
         self._drop(leases)
         try:
-            lost = await self.call(self.outbox.store.release, self.outbox.engine, leases)
+            lost = await self.threads.call(self.outbox.store.release, self.outbox.engine, leases)
         except Exception as error:
             log.warning("could not give back %d events; they go out once their leases expire: %s", len(leases), error)
             return
@@ -69,17 +64,17 @@ class Marks:
 
     async def give_back_all(self) -> None:
         """Give back every event still in flight (the relay is stopping)."""
-        await self.give_back(list(self.in_flight.values()))
+        await self.give_back(list(self.keeper.held.values()))
 
-    def _drop(self, leases: Iterable[Lease]) -> None:
+    def _drop(self, leases: list[Lease]) -> None:
         for lease in leases:
-            self.in_flight.pop(lease.key, None)
+            self.keeper.drop(lease)
 
     async def _write(self, leases: list[Lease], outcome: str, write: Callable[..., list[Lease]], *args: Any) -> None:
         """Write one outcome for these leases; counted in the stats, the lost ones logged."""
         self._drop(leases)
         try:
-            lost = await self.call(write, self.outbox.engine, leases, *args)
+            lost = await self.threads.call(write, self.outbox.engine, leases, *args)
         except Exception as error:
             log.warning(
                 "could not record %d events as %s; they will be published again: %s", len(leases), outcome, error

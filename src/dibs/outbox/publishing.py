@@ -15,7 +15,8 @@ from dibs.lease import Lease
 from dibs.outbox.events import OutboxEvent
 from dibs.outbox.marking import Marks
 from dibs.outbox.publishers import Publisher
-from dibs.outbox.stage import OUTAGE_WAIT, Sleep
+from dibs.outbox.stage import OUTAGE_WAIT
+from dibs.runtime import Backoff, Wakeup
 from dibs.schema import PROCESSING
 
 log = logging.getLogger("dibs.relay")
@@ -24,16 +25,17 @@ log = logging.getLogger("dibs.relay")
 class Publishing:
     """Publishes batches through one publisher and keeps track of whether its broker can be reached."""
 
-    def __init__(self, publisher: Publisher, marks: Marks, sleep: Sleep) -> None:
+    def __init__(self, publisher: Publisher, marks: Marks, wakeup: Wakeup) -> None:
         self.publisher = publisher
         self.marks = marks
-        self.sleep = sleep
+        self.wakeup = wakeup
         #: While the broker cannot be reached: seconds to wait before the next claim; 0 when it can.
         self.outage_wait = 0.0
+        self._outage = Backoff(first=0.5, most=OUTAGE_WAIT)
 
     async def connect(self, *, give_up: bool, stopping: Callable[[], bool]) -> None:
         """Connect the publisher, waiting for its broker while it cannot be reached, unless ``give_up``."""
-        wait = 0.5
+        backoff = Backoff(first=0.5, most=OUTAGE_WAIT)
         while True:
             try:
                 await self.publisher.connect()
@@ -43,9 +45,10 @@ class Publishing:
                     raise
                 if stopping():
                     return  # the lanes see the stop and end at once
+                wait = backoff.next()
                 log.error("%s; trying again in %.1f s", error, wait)
-                await self.sleep(wait)
-                wait = min(wait * 2, OUTAGE_WAIT)
+                self.wakeup.clear()
+                await self.wakeup.sleep(wait)
 
     async def publish(self, held: list[Lease]) -> None:
         """Publish these claimed events and have each one's outcome written."""
@@ -56,7 +59,7 @@ class Publishing:
             if len(outcomes) != len(events):
                 raise RuntimeError(f"the publisher answered {len(outcomes)} outcomes for {len(events)} events")
         except BrokerUnavailable as error:
-            self.outage_wait = min(max(self.outage_wait * 2, 0.5), OUTAGE_WAIT)
+            self.outage_wait = self._outage.next()
             log.error(
                 "%s; %d events given back unpublished, trying again in %.1f s", error, len(held), self.outage_wait
             )
@@ -67,6 +70,7 @@ class Publishing:
         if self.outage_wait:
             log.info("the broker is back: publishing to %s again", self.publisher.description)
             self.outage_wait = 0.0
+            self._outage.reset()
         published = [lease for lease, outcome in zip(held, outcomes, strict=True) if outcome is None]
         failed = [(lease, outcome) for lease, outcome in zip(held, outcomes, strict=True) if outcome is not None]
         log.debug(

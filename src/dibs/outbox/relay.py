@@ -1,7 +1,7 @@
 """The relay: publishes an outbox's events of one target to a broker, at least once, in order per aggregate.
 
-The relay is wiring around its three stages, all on one asyncio loop, with database calls on threads of
-their own:
+The relay is a :class:`~dibs.runtime.Service` wired from its three stages, all on one asyncio loop, with
+database calls on threads of their own:
 
 * claim (:mod:`~dibs.outbox.claiming`): ``concurrency`` lanes, each claiming a batch of aggregate heads;
 * publish (:mod:`~dibs.outbox.publishing`): the batch sent to the broker; while the broker cannot be
@@ -9,10 +9,10 @@ their own:
 * mark (:mod:`~dibs.outbox.marking`): each event completed, retried after a backoff (at most the outbox's
   ``max_retries`` times), abandoned with its error kept, or given back, in token-fenced statements.
 
-Beside them, heartbeats renew the leases in flight and upkeep (:mod:`~dibs.outbox.upkeep`) makes failed
-events due again, recovers the events of relays that died and purges. Shutdown (SIGTERM, SIGINT or
-:meth:`Relay.stop`): no more claims; batches in flight get ``grace`` seconds to finish, and what is left
-is given back.
+Beside them, a lease keeper renews the leases in flight, and upkeep (:mod:`~dibs.outbox.upkeep`) makes
+failed events due again, recovers the events of relays that died and purges. Shutdown (SIGTERM, SIGINT or
+:meth:`Relay.stop`): no more claims; batches in flight get ``grace`` seconds to finish (none on a second
+signal, or ``stop(hurry=True)``), and what is left is given back.
 """
 
 from __future__ import annotations
@@ -21,14 +21,10 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import Any
 
 from dibs._errors import InvalidArgument
-from dibs._signals import handle_stop_signals
-from dibs.dialects.base import Listener
+from dibs.lease import Lease
 from dibs.outbox.claiming import Lane
 from dibs.outbox.events import CHANNEL
 from dibs.outbox.marking import Marks
@@ -36,16 +32,16 @@ from dibs.outbox.publishers import Publisher, publisher_for
 from dibs.outbox.publishing import Publishing
 from dibs.outbox.settings import RelaySettings
 from dibs.outbox.stage import RelayOutbox, RelayStats
-from dibs.outbox.upkeep import heartbeats, upkeep
+from dibs.outbox.upkeep import outbox_chores, upkeep_failed
+from dibs.runtime import DatabaseThreads, LeaseKeeper, Service, Upkeep
 from dibs.schema import require_current
 
 __all__ = ["Relay", "RelayOutbox", "RelaySettings", "RelayStats"]
 
-T = TypeVar("T")
 log = logging.getLogger("dibs.relay")
 
 
-class Relay:
+class Relay(Service[RelayStats]):
     """Publishes an outbox's events of one target until stopped (or, with ``burst=True``, until none is left
     to publish).
 
@@ -76,153 +72,95 @@ class Relay:
             settings = RelaySettings(**options)
         elif options:
             settings = dataclasses.replace(settings, **options)
+        chosen = publisher_for(publisher) if isinstance(publisher, str) else publisher
+        if not isinstance(chosen, Publisher):
+            raise InvalidArgument(f"publisher must be a URL or a dibs Publisher, got {publisher!r}")
+        threads = DatabaseThreads(settings.concurrency + 2, name="dibs-relay-db")
+        super().__init__(name=settings.name, threads=threads, handle_signals=settings.handle_signals, log=log)
         self.settings = settings
         self.outbox = outbox
-        self.publisher = publisher_for(publisher) if isinstance(publisher, str) else publisher
-        if not isinstance(self.publisher, Publisher):
-            raise InvalidArgument(f"publisher must be a URL or a dibs Publisher, got {publisher!r}")
+        self.publisher = chosen
         self.stats = RelayStats()
-        self._stopping = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
+        self.keeper = LeaseKeeper(self._renew, every=settings.heartbeat_seconds, lost=_lost, failed=_beat_failed)
+        self.upkeep = Upkeep(outbox_chores(settings, outbox, threads, self.wakeup.wake), failed=upkeep_failed)
+        self._marks = Marks(outbox, self.stats, threads, self.keeper)
+        self._publishing = Publishing(chosen, self._marks, self.wakeup)
         self._stopped: asyncio.Event | None = None
-        self._db = ThreadPoolExecutor(settings.concurrency + 2, thread_name_prefix="dibs-relay-db")
-        self._marks = Marks(outbox, self.stats, self._call)
-        self._publishing = Publishing(self.publisher, self._marks, self._sleep)
+        self._chores: list[asyncio.Task[None]] = []
 
-    @property
-    def name(self) -> str:
-        """Its lease owner name, unique to it."""
-        return self.settings.name
+    # -- the service's hooks -----------------------------------------------------------------------
 
-    # -- control -----------------------------------------------------------------------------------
-
-    def run(self) -> RelayStats:
-        """Run until stopped.
-
-        Returns:
-            What it did.
-        """
-        return asyncio.run(self.arun())
-
-    def stop(self) -> None:
-        """Stop gracefully, from any thread: claim no more, let batches in flight finish within the grace."""
-        self._stopping.set()
-        loop = self._loop
-        if loop is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self._stop_now)
-
-    @property
-    def stopping(self) -> bool:
-        """Whether it was told to stop."""
-        return self._stopping.is_set()
-
-    def _stop_now(self) -> None:
-        if self._stopped is not None:
-            self._stopped.set()
-        self._wake_up()
-
-    async def arun(self) -> RelayStats:
-        """:meth:`run` on the caller's event loop.
-
-        Returns:
-            What it did.
-        """
-        self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
+    async def start(self) -> None:
+        """Check the tables, connect the publisher (waiting for its broker) and listen for new events."""
         self._stopped = asyncio.Event()
         if self.stopping:
             self._stopped.set()
-        try:
-            await self._call(require_current, self.outbox.engine)
-            await self._publishing.connect(give_up=self.settings.burst, stopping=lambda: self.stopping)
-        except BaseException:
-            self._db.shutdown(wait=True)
-            raise
-        self._signals(install=True)
-        listener = self._listen()
+        await self.threads.call(require_current, self.outbox.engine)
+        await self._publishing.connect(give_up=self.settings.burst, stopping=lambda: self.stopping)
+        if self.outbox.notify:
+            target = self.settings.target
+            await self.threads.call(
+                self.wakeup.listen,
+                self.outbox.store.backend,
+                self.outbox.engine,
+                CHANNEL,
+                lambda payload: not payload or target in payload.split(","),
+            )
+
+    async def serve(self) -> RelayStats:
+        """Run the lanes until stopped (or, in burst mode, until one finds nothing left), then give them the
+        grace."""
+        assert self._stopped is not None
         settings = self.settings
         lanes = [
             asyncio.create_task(self._lane().run(), name=f"dibs-relay-lane-{n}") for n in range(settings.concurrency)
         ]
-        chores = [
-            asyncio.create_task(heartbeats(settings, self.outbox, self._marks, self._call), name="dibs-relay-beats"),
-            asyncio.create_task(upkeep(settings, self.outbox, self._call, self._wake_up), name="dibs-relay-upkeep"),
+        self._chores = [
+            asyncio.create_task(self.keeper.run(self.threads), name="dibs-relay-heartbeats"),
+            asyncio.create_task(self.upkeep.run(), name="dibs-relay-upkeep"),
         ]
         log.info("relay %s started: target %s, publisher %s", self.name, settings.target, self.publisher.description)
-        try:
-            await self._until_stopped(lanes)
-        finally:
-            for chore in chores:
-                chore.cancel()
-            await asyncio.gather(*chores, return_exceptions=True)
-            await self._marks.give_back_all()
-            if listener is not None:
-                await self._call(listener.close)
-            self._signals(install=False)
-            with contextlib.suppress(Exception):
-                await self.publisher.close()
-            self._db.shutdown(wait=True)
-        log.info("relay %s stopped: %s", self.name, self.stats)
-        return self.stats
-
-    def _lane(self) -> Lane:
-        return Lane(self.settings, self.outbox, self._publishing, self._call, self._sleep, lambda: self.stopping)
-
-    async def _until_stopped(self, lanes: list[asyncio.Task[None]]) -> None:
-        """Wait for a stop (or a lane's end: a burst found nothing left), then give the lanes the grace."""
-        assert self._stopped is not None
         stopped = asyncio.create_task(self._stopped.wait())
         await asyncio.wait([stopped, *lanes], return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
-        self._stopping.set()
-        self._wake_up()
-        _, late = await asyncio.wait(lanes, timeout=self.settings.grace) if lanes else (set(), set())
+        self.stop()
+        _, late = await asyncio.wait(lanes, timeout=0 if self.hurry else settings.grace)
         for lane in late:
             lane.cancel()
-        results = await asyncio.gather(*lanes, return_exceptions=True)
-        for result in results:
+        for result in await asyncio.gather(*lanes, return_exceptions=True):
             if isinstance(result, Exception):
                 log.error("a relay lane failed: %r", result)
+        return self.stats
 
-    # -- waiting -----------------------------------------------------------------------------------
+    async def close(self) -> None:
+        """Stop the chores, give back what is in flight, stop listening and close the publisher."""
+        for chore in self._chores:
+            chore.cancel()
+        await asyncio.gather(*self._chores, return_exceptions=True)
+        await self._marks.give_back_all()
+        await self.threads.call(self.wakeup.close)
+        with contextlib.suppress(Exception):
+            await self.publisher.close()
+        log.info("relay %s stopped: %s", self.name, self.stats)
 
-    async def _sleep(self, seconds: float) -> None:
-        assert self._wake is not None
-        self._wake.clear()
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(self._wake.wait(), seconds)
+    def on_stop(self) -> None:
+        """End the wait in :meth:`serve` and wake the lanes, so that they see the stop."""
+        if self._stopped is not None:
+            self._stopped.set()
+        super().on_stop()
 
-    def _wake_up(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+    # -- wiring ------------------------------------------------------------------------------------
 
-    def _listen(self) -> Listener | None:
-        if not self.outbox.notify:
-            return None
-        loop = self._loop
-        assert loop is not None
-        target = self.settings.target
+    def _lane(self) -> Lane:
+        return Lane(self.settings, self.outbox, self._publishing, self.threads, self.wakeup, lambda: self.stopping)
 
-        def woken(payload: str) -> None:
-            if not payload or target in payload.split(","):
-                loop.call_soon_threadsafe(self._wake_up)
+    def _renew(self, leases: list[Lease]) -> list[Lease]:
+        return self.outbox.store.renew(self.outbox.engine, leases, self.settings.lease)
 
-        return self.outbox.store.backend.listen(self.outbox.engine, CHANNEL, woken)
 
-    # -- plumbing ----------------------------------------------------------------------------------
+def _lost(lease: Lease) -> None:
+    log.warning("lost the lease on event %s (it expired and was taken over)", lease.key[0])
 
-    def _signals(self, *, install: bool) -> None:
-        if self.settings.handle_signals:
-            assert self._loop is not None
-            handle_stop_signals(self._loop, self._on_signal, install=install)
 
-    def _on_signal(self, signum: int) -> None:
-        log.info("relay %s got signal %d: stopping", self.name, signum)
-        self.stop()
-
-    async def _call(self, function: Callable[..., T], /, *args: Any) -> T:
-        """Run a blocking database call on the relay's database threads."""
-        assert self._loop is not None
-        return await self._loop.run_in_executor(self._db, function, *args)
+def _beat_failed(error: Exception) -> None:
+    log.warning("heartbeat failed, will try again: %s", error)

@@ -1,18 +1,14 @@
-"""What the relay's stages (claim, publish, mark) share: the stats they count in, the outbox they read, and
-how they reach the database without blocking the event loop."""
+"""What the relay's stages (claim, publish, mark) share: the stats they count in and the outbox they read."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol
 
 from sqlalchemy.engine import Engine
 
 from dibs.outbox.store import OutboxStore
 from dibs.retry import Retry
-
-T = TypeVar("T")
 
 #: The longest wait, in seconds, between tries while the broker cannot be reached.
 OUTAGE_WAIT = 30.0
@@ -49,15 +45,3 @@ class RelayOutbox(Protocol):
     def retry(self) -> Retry: ...
     @property
     def notify(self) -> bool: ...
-
-
-class DatabaseCall(Protocol):
-    """Runs a blocking database call on a thread of the relay's and awaits its result."""
-
-    async def __call__(self, function: Callable[..., T], /, *args: Any) -> T: ...
-
-
-class Sleep(Protocol):
-    """Waits up to ``seconds``, or less when the relay is woken (new events, a stop)."""
-
-    async def __call__(self, seconds: float, /) -> None: ...
