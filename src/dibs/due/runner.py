@@ -1,8 +1,9 @@
 """The due runner: takes due rows in rounds and runs the user's handler on each, one source at a time each.
 
 Each round claims at most as many rows as run at once, runs their handlers with no transaction open (the
-leases renewed meanwhile), and writes each row's outcome in a short transaction of its own: a handler that
-raises fails its row only. A run ends when ``max_sources`` rows were processed or none is due.
+leases renewed meanwhile by a :class:`~dibs.runtime.LeaseKeeper`), and writes each row's outcome in a short
+transaction of its own: a handler that raises fails its row only. A run ends when ``max_sources`` rows were
+processed or none is due.
 """
 
 from __future__ import annotations
@@ -11,12 +12,12 @@ import asyncio
 import inspect
 import os
 import socket
-import threading
 import time
 import traceback
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,6 +26,7 @@ from sqlalchemy.engine import Engine, Row
 from dibs._errors import InvalidArgument
 from dibs.claim import whole_number
 from dibs.lease import Lease, Leases
+from dibs.runtime import LeaseKeeper
 
 #: How many times a round claims again while rows read as due but the claim found none.
 EMPTY_CLAIM_TRIES = 50
@@ -81,12 +83,12 @@ class DueRunner:
         """Run sync ``handler`` on due rows, ``concurrency`` at a time in threads, until done."""
         if is_async(handler):
             raise InvalidArgument("the handler is async: run it with await scheduler.arun(...)")
-        with _Renewer(self.rows, self.bind) as renewer, ThreadPoolExecutor(self.width, "dibs-due") as pool:
+        with self._keeper() as keeper, ThreadPoolExecutor(self.width, "dibs-due") as pool:
             while held := self._next_round():
-                renewer.hold(held)
+                keeper.hold(held)
                 outcomes = list(pool.map(lambda lease: _outcome(handler, lease), held))
                 for lease, error in zip(held, outcomes, strict=True):
-                    renewer.drop(lease)
+                    keeper.drop(lease)
                     self._finish(lease, error)
         return self.stats
 
@@ -106,14 +108,24 @@ class DueRunner:
                 return lease, error
             return lease, None
 
-        with _Renewer(self.rows, self.bind) as renewer:
+        with self._keeper() as keeper:
             while held := await asyncio.to_thread(self._next_round):
-                renewer.hold(held)
+                keeper.hold(held)
                 for finished in asyncio.as_completed([one(lease) for lease in held]):
                     lease, error = await finished
-                    renewer.drop(lease)
+                    keeper.drop(lease)
                     await asyncio.to_thread(self._finish, lease, error)
         return self.stats
+
+    def _keeper(self) -> AbstractContextManager[LeaseKeeper]:
+        """Renews the leases of the rows whose handlers run, every third of the lease, from a thread: a run
+        may have no event loop. A lost lease needs no action here: its outcome's write finds it lost."""
+        seconds = self.rows.lease_seconds
+
+        def renew(leases: list[Lease]) -> Sequence[Lease]:
+            return self.rows.leases.renew_many(self.bind, leases, seconds)
+
+        return LeaseKeeper(renew, every=seconds / 3, lost=lambda lease: None).in_thread("dibs-due-renewer")
 
     def _next_round(self) -> list[Lease]:
         """The rows of the next round, counted as claimed; none once the run has processed its limit.
@@ -164,41 +176,3 @@ def _outcome(handler: Handler, lease: Lease) -> BaseException | None:
             result.close()
         return InvalidArgument("the handler returned an awaitable, which run() cannot await: use arun()")
     return None
-
-
-class _Renewer:
-    """Renews the leases of rows whose handlers are running, from a thread, every third of the lease."""
-
-    def __init__(self, rows: DueRows, bind: Engine) -> None:
-        self.rows = rows
-        self.bind = bind
-        self._held: dict[tuple[Any, ...], Lease] = {}
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="dibs-due-renewer", daemon=True)
-
-    def __enter__(self) -> _Renewer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def hold(self, leases: Sequence[Lease]) -> None:
-        with self._lock:
-            self._held.update((lease.key, lease) for lease in leases)
-
-    def drop(self, lease: Lease) -> None:
-        with self._lock:
-            self._held.pop(lease.key, None)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.rows.lease_seconds / 3):
-            with self._lock:
-                held = list(self._held.values())
-            if held:
-                try:
-                    self.rows.leases.renew_many(self.bind, held, self.rows.lease_seconds)
-                except Exception:  # tried again at the next beat, well before the leases expire
-                    continue
