@@ -199,13 +199,30 @@ class DueScheduler:
         )
 
     def complete(self, bind: Engine, held: Sequence[Lease]) -> list[Lease]:
-        """Mark rows run now (``last_run`` = the database clock, error cleared); returns the leases lost."""
+        """Record rows as run now: ``last_run`` set to the database clock, the last error cleared.
+
+        Args:
+            bind: The database of the table.
+            held: The leases of the rows, as :meth:`claim` gave them.
+
+        Returns:
+            The leases that were lost (taken over or finished already): their rows were not changed.
+        """
         now, _ = self._clock(bind)
         return self.leases.complete_many(bind, held, set={self.last_run: now, self.last_error: None})
 
     def fail(self, bind: Engine, held: Sequence[Lease], error: str) -> list[Lease]:
         """Record a failed run: the error kept, and the row due again by the normal rule (``last_run`` = now) or,
-        with ``retry_after``, that long from now. Returns the leases lost."""
+        with ``retry_after``, that long from now.
+
+        Args:
+            bind: The database of the table.
+            held: The leases of the rows, as :meth:`claim` gave them.
+            error: What went wrong, kept in the last-error column (cut to :data:`ERROR_LIMIT` characters).
+
+        Returns:
+            The leases that were lost (taken over or finished already): their rows were not changed.
+        """
         backend = backend_for(bind.dialect)
         now, retry_at = self._clock(bind)
         values: dict[Any, Any] = {self.last_error: error[:ERROR_LIMIT]}

@@ -116,19 +116,38 @@ class OutboxStore:
     def claim(
         self, conn: Engine | Connection, *, owner: str, limit: int, target: str, lease_seconds: float
     ) -> list[Lease]:
-        """Lease up to ``limit`` publishable events of ``target`` to ``owner``, at most one per aggregate."""
+        """Lease up to ``limit`` publishable events of ``target`` to ``owner``, at most one per aggregate.
+
+        Args:
+            conn: The outbox's database.
+            owner: The relay's lease owner name.
+            limit: The most events claimed.
+            target: The target whose events are claimed.
+            lease_seconds: How long the leases last unless renewed.
+
+        Returns:
+            The leases, oldest event first, each with its row (the columns a publisher needs).
+        """
         return self.claimer.claim(
             conn, owner=owner, duration=lease_seconds, limit=limit, parameters={_TARGET: [target]}
         )
 
     def complete(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
-        """Mark events published; returns the leases that were lost (those writes changed nothing)."""
+        """Record events as published, in one token-fenced statement.
+
+        Returns:
+            The leases that were lost (those writes changed nothing).
+        """
         return leases.complete_many(
             conn, held, status=PUBLISHED, set={outbox.c.published_at: self._published_at, outbox.c.last_error: None}
         )
 
     def fail(self, conn: Engine | Connection, held: Sequence[Lease], delay: timedelta, error: str) -> list[Lease]:
-        """Count a failed publish and try again ``delay`` from now; returns the leases that were lost."""
+        """Count a failed publish and try the events again ``delay`` from now, the error kept.
+
+        Returns:
+            The leases that were lost (those writes changed nothing).
+        """
         return leases.fail_many(
             conn,
             held,
