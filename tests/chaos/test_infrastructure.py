@@ -458,23 +458,18 @@ def test_successes_written_with_a_stale_and_a_newer_lease_of_one_job_are_counted
     where = {"queues": ["default"], "tasks": [WORK, KEYED], "tags": []}
     (stale,) = app.store.claim(engine, owner="w", lease_seconds=0.2, limit=1, **where)
     worker = quick_worker(app, "flusher")
-    metrics = worker.metrics = Metrics()
-
-    async def flush(done: list[Lease]) -> None:
-        worker._loop = asyncio.get_running_loop()
-        worker._done = done
-        await worker._flush()
+    metrics = worker.writes.metrics = Metrics()
 
     try:
         time.sleep(0.6)
         assert app.store.recover_expired(engine) == (1, 0)
         (newer,) = app.store.claim(engine, owner="w", lease_seconds=30, limit=1, **where)
         assert (stale.key, newer.key, newer.token) == ((job_id,), (job_id,), stale.token + 1)
-        asyncio.run(flush([stale, newer]))
+        asyncio.run(worker.writes.write_successes([stale, newer]))
         (row,) = read_jobs(engine)
     finally:
-        worker._db.shutdown(wait=True)
-        worker._threads.shutdown(wait=False)
+        worker.threads.shutdown(wait=True)
+        worker.runners.shutdown()
         engine.dispose()
     assert (worker.stats.succeeded, worker.stats.lost) == (1, 1)
     assert metrics.registry.get_sample_value("dibs_jobs_finished_total", {"task": WORK, "outcome": "succeeded"}) == 1

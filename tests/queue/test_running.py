@@ -389,7 +389,7 @@ def test_a_burst_worker_stops_when_only_jobs_of_tasks_it_does_not_run_are_left(q
 def test_a_worker_told_to_tune_the_gc_runs_jobs_with_it_tuned_and_puts_it_back(qdb: QueueDatabase) -> None:
     import gc
 
-    from dibs.queue.worker import TUNED_GC_THRESHOLD
+    from dibs.runtime.collector import TUNED_GC_THRESHOLD
 
     app = qdb.app()
     seen: list[tuple[int, int]] = []

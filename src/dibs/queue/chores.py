@@ -1,0 +1,82 @@
+"""A worker's upkeep, apart from the claim: scheduled jobs whose time came become queued, periodic jobs are
+enqueued, expired leases of crashed workers are recovered, old finished jobs are purged if asked, and the
+queue depths are observed for the metrics."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Protocol
+
+from sqlalchemy.engine import Engine
+
+from dibs.metrics import Metrics, QueueDepth
+from dibs.queue.store import JobStore
+from dibs.runtime import Chore, DatabaseThreads, Wakeup
+
+log = logging.getLogger("dibs.worker")
+
+#: Seconds between purges of old finished jobs, when the worker keeps them for a retention period.
+PURGE_EVERY = 60.0
+
+
+class UpkeepApp(Protocol):
+    """What the upkeep reads of the app (a :class:`dibs.App`)."""
+
+    @property
+    def engine(self) -> Engine: ...
+    @property
+    def store(self) -> JobStore: ...
+    @property
+    def schedules(self) -> Mapping[str, object]: ...
+    def enqueue_periodic(self) -> int: ...
+    def purge(self, *, older_than: timedelta = ..., statuses: Sequence[str] = ...) -> int: ...
+    def status(self) -> Sequence[QueueDepth]: ...
+
+
+def worker_chores(
+    app: UpkeepApp,
+    *,
+    every: float,
+    retention: timedelta | None,
+    threads: DatabaseThreads,
+    wakeup: Wakeup,
+    metrics: Callable[[], Metrics | None],
+) -> list[Chore]:
+    """The chores of a worker of ``app``, every ``every`` seconds (purging, with a ``retention``, once a minute).
+
+    Each chore that makes work runnable wakes the fetcher (through ``wakeup``); ``metrics`` gives the
+    worker's metrics, if it serves them.
+    """
+    call, store, engine = threads.call, app.store, app.engine
+
+    async def promote() -> None:
+        if await call(store.promote_due, engine):
+            wakeup.wake()
+
+    async def periodic() -> None:
+        if not app.schedules:
+            return
+        if await call(app.enqueue_periodic):
+            wakeup.wake()
+
+    async def recover() -> None:
+        requeued, dead = await call(store.recover_expired, engine)
+        if requeued or dead:
+            log.warning("recovered %d jobs of workers that stopped renewing their lease (%d dead)", requeued, dead)
+            wakeup.wake()
+
+    async def purge() -> None:
+        await call(app.purge, older_than=retention)
+
+    async def observe() -> None:
+        watched = metrics()
+        if watched is not None:
+            watched.observe(await call(app.status))
+
+    chores = [Chore("promote", every, promote), Chore("periodic", every, periodic), Chore("recover", every, recover)]
+    if retention is not None:
+        chores.append(Chore("purge", PURGE_EVERY, purge))
+    chores.append(Chore("metrics", every, observe))
+    return chores

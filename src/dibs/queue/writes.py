@@ -1,0 +1,169 @@
+"""A worker's writes of what became of its jobs, each fenced by the job's lease.
+
+Successes are many and alike: they go to a :class:`~dibs.runtime.BatchWriter` and are written together,
+one statement per batch. Failures are few and each different (a retry has its own delay, a dead job its own
+error): each is written alone, after :func:`~dibs.queue.outcome.failed_outcome` decided what it becomes.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+
+from sqlalchemy.engine import Engine
+
+from dibs._errors import InvalidArgument
+from dibs.lease import Lease
+from dibs.metrics import Metrics
+from dibs.queue.outcome import Outcome, failed_outcome
+from dibs.queue.stats import WorkerStats
+from dibs.queue.store import JobStore, error_text
+from dibs.queue.task import Task
+from dibs.runtime import BatchWriter, DatabaseThreads, LeaseKeeper, Wakeup
+from dibs.runtime.missing_tables import MissingTables
+from dibs.schema import CANCELLED
+
+log = logging.getLogger("dibs.worker")
+
+
+class JobWrites:
+    """Records jobs' outcomes for one worker: successes in batches, failures one by one.
+
+    Args:
+        store: The jobs' store.
+        engine: The database.
+        keeper: The worker's leases: a job's lease is dropped as its outcome is written, and held again
+            if the write fails (it is tried again later).
+        threads: The worker's database threads.
+        stats: The worker's counts, kept up to date.
+        wakeup: Woken when a batch of successes is written (runners are free for more jobs).
+        missing: Reports missing tables once a minute.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        engine: Engine,
+        keeper: LeaseKeeper,
+        threads: DatabaseThreads,
+        stats: WorkerStats,
+        wakeup: Wakeup,
+        missing: MissingTables,
+    ) -> None:
+        self.store = store
+        self.engine = engine
+        self.keeper = keeper
+        self.threads = threads
+        self.stats = stats
+        self.wakeup = wakeup
+        self.missing = missing
+        #: Prometheus metrics, when the worker serves them.
+        self.metrics: Metrics | None = None
+        self.successes: BatchWriter[Lease] = BatchWriter(self.write_successes, failed=self._not_written)
+
+    # -- successes ---------------------------------------------------------------------------------------
+
+    async def write_successes(self, done: list[Lease]) -> None:
+        """Record these jobs as succeeded in one write; a job whose lease was taken over is counted lost."""
+        held = self.keeper.held
+        for lease in done:
+            held.pop(lease.key, None)
+        try:
+            lost = await self.threads.call(self.store.succeed, self.engine, done)
+        except Exception:
+            # Kept, and renewed, until a later flush records them.
+            self.keeper.hold(done)
+            raise
+        self.stats.succeeded += len(done) - len(lost)
+        self.stats.lost += len(lost)
+        if self.metrics is not None:
+            # By key and token: after an outage a batch may hold a job's stale lease and its newer one.
+            lost_leases = {(lease.key, lease.token) for lease in lost}
+            per_task = Counter(
+                lease.row._mapping["task"] for lease in done if (lease.key, lease.token) not in lost_leases
+            )
+            for task_name, count in per_task.items():
+                self.metrics.finished(task_name, "succeeded", count)
+        for lease in lost:
+            log.warning(
+                "job %s finished, but its lease had been taken over: the outcome was not recorded", lease.key[0]
+            )
+        self.wakeup.wake()
+
+    def _not_written(self, error: Exception, done: list[Lease]) -> None:
+        if not self.missing.report(error):
+            log.warning("recording %d successes failed, will try again: %s", len(done), error)
+
+    # -- failures ----------------------------------------------------------------------------------------
+
+    async def failed(self, lease: Lease, task: Task, reason: str | None, error: BaseException, formatted: str) -> None:
+        """Record a run that raised or was stopped (``reason``: why the worker stopped it, if it did)."""
+        self.keeper.held.pop(lease.key, None)
+        if reason not in ("lease lost", "cancelled"):
+            requested = await self.threads.call(self.store.cancel_requests, self.engine, [lease.key[0]])
+            if requested:
+                reason = "cancelled"  # asked to cancel before a heartbeat told this worker: no retry
+        mapping = lease.row._mapping
+        attempts = mapping["attempts"]
+        outcome = failed_outcome(reason, attempts, mapping["max_attempts"], task.retry.retries(error))
+        if outcome is Outcome.LOST or not await self._record(outcome, lease, task, error_text(error, formatted)):
+            self.stats.lost += 1
+            return
+        setattr(self.stats, outcome.value, getattr(self.stats, outcome.value) + 1)
+        if self.metrics is not None:
+            self.metrics.finished(task.name, outcome.value)
+        log.log(
+            logging.WARNING if outcome is Outcome.DEAD else logging.INFO,
+            "job %s (%s) attempt %d %s: %s",
+            lease.key[0],
+            task.name,
+            attempts,
+            outcome.value,
+            f"{type(error).__name__}: {error}",
+        )
+
+    async def _record(self, outcome: Outcome, lease: Lease, task: Task, text: str) -> bool:
+        """Write a failed run's outcome, fenced by its lease; False if the lease was lost meanwhile."""
+        call, store, engine = self.threads.call, self.store, self.engine
+        if outcome is Outcome.CANCELLED:
+            return await call(store.bury, engine, lease, text, CANCELLED)
+        if outcome is Outcome.RETRIED:
+            return await call(store.retry, engine, lease, task.retry.delay(lease.row._mapping["attempts"]), text)
+        if outcome is Outcome.RELEASED:
+            return not await call(store.release, engine, [lease])
+        return await call(store.bury, engine, lease, text)
+
+    async def reject(self, lease: Lease, task: Task, problem: str) -> None:
+        """Bury a job that can never run as stored (its arguments are not a JSON object, or do not fit the
+        function): dead at once, without retries, with the problem as its error."""
+        self.keeper.held.pop(lease.key, None)
+        error = InvalidArgument(f"{problem}; enqueue it again with arguments that fit")
+        if not await self.threads.call(self.store.bury, self.engine, lease, error_text(error, "")):
+            self.stats.lost += 1
+            return
+        self.stats.dead += 1
+        if self.metrics is not None:
+            self.metrics.finished(task.name, "dead")
+        log.warning("job %s (%s) dead, it cannot run: %s", lease.key[0], task.name, error)
+
+    # -- giving back -------------------------------------------------------------------------------------
+
+    async def release(self, leases: Sequence[Lease]) -> None:
+        """Give unstarted jobs back at once, with no attempt spent (a failure leaves them to their leases)."""
+        if not leases:
+            return
+        held = self.keeper.held
+        for lease in leases:
+            held.pop(lease.key, None)
+        try:
+            lost = await self.threads.call(self.store.release, self.engine, list(leases))
+        except Exception as error:
+            # The database is away as the worker stops: the shutdown goes on (running jobs still get their
+            # grace), and these jobs are taken again once their leases expire.
+            log.warning(
+                "could not give back %d unstarted jobs; they run once their leases expire: %s", len(leases), error
+            )
+            return
+        self.stats.released += len(leases) - len(lost)
