@@ -86,13 +86,14 @@ class Relay(Service[RelayStats]):
         self._marks = Marks(outbox, self.stats, threads, self.keeper)
         self._publishing = Publishing(chosen, self._marks, self.wakeup)
         self._stopped: asyncio.Event | None = None
+        self._hurried: asyncio.Event | None = None
         self._chores: list[asyncio.Task[None]] = []
 
     # -- the service's hooks -----------------------------------------------------------------------
 
     async def start(self) -> None:
         """Check the tables, connect the publisher (waiting for its broker) and listen for new events."""
-        self._stopped = asyncio.Event()
+        self._stopped, self._hurried = asyncio.Event(), asyncio.Event()
         if self.stopping:
             self._stopped.set()
         await self.threads.call(require_current, self.outbox.engine)
@@ -124,13 +125,25 @@ class Relay(Service[RelayStats]):
         await asyncio.wait([stopped, *lanes], return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
         self.stop()
-        _, late = await asyncio.wait(lanes, timeout=0 if self.hurry else settings.grace)
-        for lane in late:
-            lane.cancel()
+        await self._grace(lanes)
         for result in await asyncio.gather(*lanes, return_exceptions=True):
             if isinstance(result, Exception):
                 log.error("a relay lane failed: %r", result)
         return self.stats
+
+    async def _grace(self, lanes: list[asyncio.Task[None]]) -> None:
+        """Give the lanes the grace to finish their batches, cut short by a stop in a hurry; cancel the late."""
+        assert self._hurried is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.grace
+        hurried = asyncio.create_task(self._hurried.wait())
+        late = {lane for lane in lanes if not lane.done()}
+        while late and not self.hurry and (left := deadline - loop.time()) > 0:
+            await asyncio.wait([hurried, *late], timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            late = {lane for lane in late if not lane.done()}
+        hurried.cancel()
+        for lane in late:
+            lane.cancel()
 
     async def close(self) -> None:
         """Stop the chores, give back what is in flight, stop listening and close the publisher."""
@@ -144,9 +157,12 @@ class Relay(Service[RelayStats]):
         log.info("relay %s stopped: %s", self.name, self.stats)
 
     def on_stop(self) -> None:
-        """End the wait in :meth:`serve` and wake the lanes, so that they see the stop."""
+        """End the wait in :meth:`serve` (and, in a hurry, the grace) and wake the lanes, so that they see the
+        stop."""
         if self._stopped is not None:
             self._stopped.set()
+        if self.hurry and self._hurried is not None:
+            self._hurried.set()
         super().on_stop()
 
     # -- wiring ------------------------------------------------------------------------------------
