@@ -10,7 +10,6 @@ import threading
 import pytest
 
 import dibs
-from dibs._errors import InEventLoop
 from dibs.runtime import DatabaseThreads, Service
 
 
@@ -47,7 +46,7 @@ def test_run_inside_a_running_loop_raises_a_dibs_error_saying_to_await_arun() ->
     async def inside() -> None:
         Sleeper().run()
 
-    with pytest.raises(InEventLoop, match=r"await sleeper\.arun\(\)") as raised:
+    with pytest.raises(dibs.InEventLoop, match=r"await sleeper\.arun\(\)") as raised:
         asyncio.run(inside())
     assert isinstance(raised.value, dibs.DibsError)
     assert isinstance(raised.value, RuntimeError)
