@@ -5,14 +5,11 @@ queue depths are observed for the metrics."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from datetime import timedelta
-from typing import Protocol
 
-from sqlalchemy.engine import Engine
-
-from dibs.metrics import Metrics, QueueDepth
-from dibs.queue.store import JobStore
+from dibs.metrics import Metrics
+from dibs.queue.stage import WorkerApp
 from dibs.runtime import Chore, DatabaseThreads, Wakeup
 
 log = logging.getLogger("dibs.worker")
@@ -21,22 +18,8 @@ log = logging.getLogger("dibs.worker")
 PURGE_EVERY = 60.0
 
 
-class UpkeepApp(Protocol):
-    """What the upkeep reads of the app (a :class:`dibs.App`)."""
-
-    @property
-    def engine(self) -> Engine: ...
-    @property
-    def store(self) -> JobStore: ...
-    @property
-    def schedules(self) -> Mapping[str, object]: ...
-    def enqueue_periodic(self) -> int: ...
-    def purge(self, *, older_than: timedelta = ..., statuses: Sequence[str] = ...) -> int: ...
-    def status(self) -> Sequence[QueueDepth]: ...
-
-
 def worker_chores(
-    app: UpkeepApp,
+    app: WorkerApp,
     *,
     every: float,
     retention: timedelta | None,

@@ -14,17 +14,14 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from sqlalchemy.engine import Engine
-
 from dibs._errors import SchemaMissing
 from dibs.lease import Lease
 from dibs.metrics import Metrics
 from dibs.queue.settings import WorkerSettings
-from dibs.queue.stats import WorkerStats
-from dibs.queue.store import JobStore, WorkLeft
+from dibs.queue.stage import Shared
+from dibs.queue.store import WorkLeft
 from dibs.queue.writes import JobWrites
-from dibs.runtime import Backoff, DatabaseThreads, LeaseKeeper, Wakeup
-from dibs.runtime.missing_tables import MissingTables
+from dibs.runtime import Backoff, Wakeup
 
 log = logging.getLogger("dibs.worker")
 
@@ -113,31 +110,21 @@ class Fetcher:
 
     def __init__(
         self,
+        shared: Shared,
         *,
         settings: WorkerSettings,
         task_names: list[str],
-        store: JobStore,
-        engine: Engine,
         jobs: ClaimedJobs,
-        keeper: LeaseKeeper,
         writes: JobWrites,
-        threads: DatabaseThreads,
-        wakeup: Wakeup,
         stopping: Callable[[], bool],
-        missing: MissingTables,
     ) -> None:
+        self.store, self.engine, self.threads = shared.store, shared.engine, shared.threads
+        self.wakeup, self.keeper, self.stats, self.missing = shared.wakeup, shared.keeper, shared.stats, shared.missing
         self.settings = settings
         self.task_names = task_names
-        self.store = store
-        self.engine = engine
         self.jobs = jobs
-        self.keeper = keeper
         self.writes = writes
-        self.threads = threads
-        self.wakeup = wakeup
         self.stopping = stopping
-        self.missing = missing
-        self.stats: WorkerStats = writes.stats
         #: Prometheus metrics, when the worker serves them.
         self.metrics: Metrics | None = None
 

@@ -22,24 +22,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable
 from datetime import timedelta
-from typing import Protocol
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine
 
 from dibs.lease import Lease
-from dibs.metrics import Metrics, QueueDepth
+from dibs.metrics import Metrics
 from dibs.queue.chores import worker_chores
 from dibs.queue.enqueue import CHANNEL
 from dibs.queue.execute import Runners
 from dibs.queue.fetch import ClaimedJobs, Fetcher
 from dibs.queue.registry import keep_registered
 from dibs.queue.settings import worker_settings
+from dibs.queue.stage import Shared, WorkerApp
 from dibs.queue.stats import WorkerStats
-from dibs.queue.store import JobStore
-from dibs.queue.task import Task
 from dibs.queue.writes import JobWrites
 from dibs.runtime import Chore, DatabaseThreads, LeaseKeeper, Service, Upkeep, tuned_gc
 from dibs.runtime.missing_tables import MissingTables
@@ -48,27 +45,6 @@ from dibs.schema import require_current, translated
 __all__ = ["Worker", "WorkerApp", "WorkerStats"]
 
 log = logging.getLogger("dibs.worker")
-
-
-class WorkerApp(Protocol):
-    """What a worker reads of the app whose jobs it runs (a :class:`dibs.App`)."""
-
-    @property
-    def engine(self) -> Engine: ...
-    @property
-    def store(self) -> JobStore: ...
-    @property
-    def tasks(self) -> Mapping[str, Task]: ...
-    @property
-    def queues(self) -> frozenset[str]: ...
-    @property
-    def schedules(self) -> Mapping[str, object]: ...
-    @property
-    def notify(self) -> bool: ...
-    def sync_periodic(self) -> None: ...
-    def enqueue_periodic(self) -> int: ...
-    def purge(self, *, older_than: timedelta = ..., statuses: Sequence[str] = ...) -> int: ...
-    def status(self) -> Sequence[QueueDepth]: ...
 
 
 class Worker(Service[WorkerStats]):
@@ -174,29 +150,25 @@ class Worker(Service[WorkerStats]):
             failed=self._heartbeat_failed,
             also=self._cancelled,
         )
-        self.writes = JobWrites(
+        shared = Shared(
             store=app.store,
             engine=app.engine,
-            keeper=self.keeper,
             threads=threads,
-            stats=self.stats,
             wakeup=wakeup,
+            keeper=self.keeper,
+            stats=self.stats,
             missing=missing,
         )
+        self.writes = JobWrites(shared)
         self.jobs = ClaimedJobs(wakeup)
         self.runners = Runners(tasks=app.tasks, concurrency=self.concurrency, jobs=self.jobs, writes=self.writes)
         self.fetcher = Fetcher(
+            shared,
             settings=self.settings,
             task_names=self.task_names,
-            store=app.store,
-            engine=app.engine,
             jobs=self.jobs,
-            keeper=self.keeper,
             writes=self.writes,
-            threads=threads,
-            wakeup=wakeup,
             stopping=lambda: self.stopping,
-            missing=missing,
         )
         chores = worker_chores(
             app,
@@ -285,7 +257,7 @@ class Worker(Service[WorkerStats]):
 
     def _upkeep_failed(self, chore: Chore, error: Exception) -> None:
         if not self._missing.report(error):
-            log.warning("upkeep (%s) failed, will try again: %s", chore.name, error)
+            log.warning("upkeep failed (%s), will try again: %s", chore.name, error)
 
     def _lost(self, lease: Lease) -> None:
         log.warning("lost the lease on job %s (it expired and was taken over); stopping it here", lease.key[0])

@@ -11,17 +11,14 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 
-from sqlalchemy.engine import Engine
-
 from dibs._errors import InvalidArgument
 from dibs.lease import Lease
 from dibs.metrics import Metrics
 from dibs.queue.outcome import Outcome, failed_outcome
-from dibs.queue.stats import WorkerStats
-from dibs.queue.store import JobStore, error_text
+from dibs.queue.stage import Shared
+from dibs.queue.store import error_text
 from dibs.queue.task import Task
-from dibs.runtime import BatchWriter, DatabaseThreads, LeaseKeeper, Wakeup
-from dibs.runtime.missing_tables import MissingTables
+from dibs.runtime import BatchWriter
 from dibs.schema import CANCELLED
 
 log = logging.getLogger("dibs.worker")
@@ -31,34 +28,15 @@ class JobWrites:
     """Records jobs' outcomes for one worker: successes in batches, failures one by one.
 
     Args:
-        store: The jobs' store.
-        engine: The database.
-        keeper: The worker's leases: a job's lease is dropped as its outcome is written, and held again
-            if the write fails (it is tried again later).
-        threads: The worker's database threads.
-        stats: The worker's counts, kept up to date.
-        wakeup: Woken when a batch of successes is written (runners are free for more jobs).
-        missing: Reports missing tables once a minute.
+        shared: The worker's parts. A job's lease is dropped from its keeper as its outcome is written, and
+            held again if the write fails (it is tried again later); its wakeup is woken when a batch of
+            successes is written (runners are free for more jobs).
     """
 
-    def __init__(
-        self,
-        *,
-        store: JobStore,
-        engine: Engine,
-        keeper: LeaseKeeper,
-        threads: DatabaseThreads,
-        stats: WorkerStats,
-        wakeup: Wakeup,
-        missing: MissingTables,
-    ) -> None:
-        self.store = store
-        self.engine = engine
-        self.keeper = keeper
-        self.threads = threads
-        self.stats = stats
-        self.wakeup = wakeup
-        self.missing = missing
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+        self.store, self.engine, self.threads = shared.store, shared.engine, shared.threads
+        self.keeper, self.stats = shared.keeper, shared.stats
         #: Prometheus metrics, when the worker serves them.
         self.metrics: Metrics | None = None
         self.successes: BatchWriter[Lease] = BatchWriter(self.write_successes, failed=self._not_written)
@@ -90,10 +68,10 @@ class JobWrites:
             log.warning(
                 "job %s finished, but its lease had been taken over: the outcome was not recorded", lease.key[0]
             )
-        self.wakeup.wake()
+        self.shared.wakeup.wake()
 
     def _not_written(self, error: Exception, done: list[Lease]) -> None:
-        if not self.missing.report(error):
+        if not self.shared.missing.report(error):
             log.warning("recording %d successes failed, will try again: %s", len(done), error)
 
     # -- failures ----------------------------------------------------------------------------------------

@@ -150,6 +150,6 @@ class Service(ABC, Generic[R]):
             handle_stop_signals(self._loop, self._on_signal, install=install)
 
     def _on_signal(self, signum: int) -> None:
-        self._log.info("%s got %s: stopping", self.name, signal.Signals(signum).name)
+        self._log.info("%s %s got %s: stopping", type(self).__name__.lower(), self.name, signal.Signals(signum).name)
         # A second signal means: don't wait for work under way.
         self.stop(hurry=self.stopping)
