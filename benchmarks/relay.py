@@ -189,18 +189,18 @@ class Timings:
 def instrument(relay: Any) -> dict[str, Timings]:
     """Time the relay's three steps (claim, publish, mark published) by wrapping them on its instances."""
     steps = {"claim": Timings(), "publish": Timings(), "mark": Timings()}
-    store, publisher = relay._store, relay.publisher
-    claim_batch, published, publish = store.claim_batch, store.published, publisher.publish
+    store, publisher = relay.outbox.store, relay.publisher
+    claim, complete, publish = store.claim, store.complete, publisher.publish
 
     def timed_claim(*args: Any, **kwargs: Any) -> Any:
         began = time.perf_counter()
-        held = claim_batch(*args, **kwargs)
+        held = claim(*args, **kwargs)
         steps["claim"].calls.append((time.perf_counter() - began, len(held)))
         return held
 
-    def timed_published(conn: Any, held: Any) -> Any:
+    def timed_complete(conn: Any, held: Any) -> Any:
         began = time.perf_counter()
-        lost = published(conn, held)
+        lost = complete(conn, held)
         steps["mark"].calls.append((time.perf_counter() - began, len(held)))
         return lost
 
@@ -210,7 +210,7 @@ def instrument(relay: Any) -> dict[str, Timings]:
         steps["publish"].calls.append((time.perf_counter() - began, len(events)))
         return outcomes
 
-    store.claim_batch, store.published, publisher.publish = timed_claim, timed_published, timed_publish
+    store.claim, store.complete, publisher.publish = timed_claim, timed_complete, timed_publish
     return steps
 
 
@@ -678,7 +678,7 @@ def dibs_claim_statement(url: str, batch: int) -> tuple[str, dict[str, Any]]:
             caught.append((statement, parameters))
 
     sa.event.listen(outbox.engine, "before_cursor_execute", catch)
-    outbox.store.claim_batch(outbox.engine, worker_id="explain", limit=batch, target=TARGET, lease_seconds=30.0)
+    outbox.store.claim(outbox.engine, owner="explain", limit=batch, target=TARGET, lease_seconds=30.0)
     outbox.engine.dispose()
     return caught[0]
 

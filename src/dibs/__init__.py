@@ -22,7 +22,7 @@ from dibs.claim import aclaim, claim
 from dibs.due import DueScheduler, DueStats, add_due_columns, due_columns
 from dibs.engine import create_async_engine, create_engine
 from dibs.lease import Claimer, Lease, Leases, lease_columns
-from dibs.outbox import Outbox, OutboxEvent, OutboxStatus, Relay, RelayStats
+from dibs.outbox import Outbox, OutboxEvent, OutboxStatus, Relay, RelaySettings, RelayStats
 from dibs.queue import App, Job, JobContext, QueueStatus, Retry, StrandedJobs, Task, Worker, WorkerStats, WorkerStatus
 from dibs.schema import Timestamp, migrate
 
@@ -53,6 +53,7 @@ __all__ = [
     "OutboxStatus",
     "QueueStatus",
     "Relay",
+    "RelaySettings",
     "RelayStats",
     "Retry",
     "SchemaMissing",

@@ -193,7 +193,7 @@ def test_done_stamps_the_database_clock(sources: Sources, slow_clock: sa.Engine)
     sources.add({"id": 1})
     scheduler = sources.scheduler(interval=HOUR)
     leases = scheduler.claim(slow_clock, owner="slow", limit=1)
-    assert scheduler.done(slow_clock, leases) == []
+    assert scheduler.complete(slow_clock, leases) == []
     last_run = sources.last_run(1)
     assert last_run is not None
     behind = sources.now() - last_run

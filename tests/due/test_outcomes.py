@@ -34,7 +34,7 @@ def test_done_stamps_the_database_clock_and_clears_the_last_error(sources: Sourc
     leases = scheduler.claim(sources.engine, owner="tester", limit=10)
     assert sorted(lease.key[0] for lease in leases) == [1, 2]
     before = database_now(sources.engine)
-    assert scheduler.done(sources.engine, leases) == []
+    assert scheduler.complete(sources.engine, leases) == []
     after = database_now(sources.engine)
     for source in (1, 2):
         row = sources.row(source)
@@ -61,7 +61,7 @@ def test_release_gives_a_row_back_due_at_once_and_its_run_uncounted(sources: Sou
     (again,) = scheduler.claim(sources.engine, owner="tester", limit=1)
     assert (again.token, again.row.run_count) == (2, 1)
     assert scheduler.release(sources.engine, held) == held  # the old lease is gone
-    assert scheduler.done(sources.engine, [again]) == []
+    assert scheduler.complete(sources.engine, [again]) == []
 
 
 # -- failures --------------------------------------------------------------------------------------------
@@ -150,7 +150,7 @@ def test_a_failed_source_comes_back_after_retry_after_not_before(sources: Source
     assert time.monotonic() - failed_by <= 2.5
     assert sorted(lease.key[0] for lease in back) == [1, 2]  # and 3, not due, stays out
     assert claimed_ids(scheduler, sources) == []
-    assert scheduler.done(sources.engine, back) == []
+    assert scheduler.complete(sources.engine, back) == []
     assert [sources.row(source).last_error for source in (1, 2)] == [None, None]
 
 

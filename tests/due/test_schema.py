@@ -84,8 +84,8 @@ def test_add_due_columns_under_other_names(due_url: sa.URL) -> None:
         scheduler = dibs.DueScheduler(table, last_run="last_run_at", interval=60, enabled="enabled", **names)
         leases = scheduler.claim(engine, owner="tester", limit=10)
         assert sorted(lease.key[0] for lease in leases) == [1, 2]
-        assert scheduler.failed(engine, leases[:1], "OSError: gone") == []
-        assert scheduler.done(engine, leases[1:]) == []
+        assert scheduler.fail(engine, leases[:1], "OSError: gone") == []
+        assert scheduler.complete(engine, leases[1:]) == []
         with engine.connect() as conn:
             rows = {row.id: row for row in conn.execute(sa.select(table))}
         failed, done = leases[0].key[0], leases[1].key[0]

@@ -168,7 +168,7 @@ def test_a_killed_workers_source_waits_out_its_lease_then_is_taken_again(sources
     other = sources.scheduler(interval=HOUR, priority="priority", lease=30)
     taken = other.claim(sources.engine, owner="other", limit=10)
     assert [lease.key for lease in taken] == [(2,)], "the victim's source was taken while its lease was held"
-    assert other.done(sources.engine, taken) == []
+    assert other.complete(sources.engine, taken) == []
 
     process.send_signal(signal.SIGKILL)
     assert process.wait(10) == -signal.SIGKILL
@@ -183,7 +183,7 @@ def test_a_killed_workers_source_waits_out_its_lease_then_is_taken_again(sources
     assert database_now(sources.engine) >= expires
     assert (lease.key, lease.token, lease.owner) == ((1,), 2, "other")
     assert (lease.row.run_count, lease.row.last_run_at) == (2, None)  # the dead worker never finished it
-    assert other.done(sources.engine, [lease]) == []
+    assert other.complete(sources.engine, [lease]) == []
     row = sources.row(1)
     assert (row.lease_status, row.lease_token) == ("idle", 2)
     assert row.last_run_at is not None
@@ -202,15 +202,15 @@ def test_a_stale_lease_changes_nothing_and_is_reported_lost(sources: Sources) ->
     assert current.token == stale.token + 1
 
     # The first owner comes back: every write it tries is refused, and the row stays the second's.
-    assert first.done(sources.engine, [stale]) == [stale]
-    assert first.failed(sources.engine, [stale], "RuntimeError: stale") == [stale]
+    assert first.complete(sources.engine, [stale]) == [stale]
+    assert first.fail(sources.engine, [stale], "RuntimeError: stale") == [stale]
     assert first.release(sources.engine, [stale]) == [stale]
     row = sources.row(1)
     assert (row.lease_status, row.lease_owner, row.lease_token, row.run_count) == ("running", "b", current.token, 2)
     assert (row.last_run_at, row.last_error) == (None, None)
 
-    assert second.done(sources.engine, [current]) == []
-    assert second.done(sources.engine, [current]) == [current]  # finished already
+    assert second.complete(sources.engine, [current]) == []
+    assert second.complete(sources.engine, [current]) == [current]  # finished already
     row = sources.row(1)
     assert (row.lease_status, row.lease_token) == ("idle", current.token)
     assert row.last_run_at is not None

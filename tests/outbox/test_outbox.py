@@ -31,9 +31,7 @@ LONG_LEASE = 60.0
 
 
 def claim(outbox: dibs.Outbox, target: str = "default", limit: int = 100, worker: str = "test-relay") -> list[Lease]:
-    return outbox.store.claim_batch(
-        outbox.engine, worker_id=worker, limit=limit, target=target, lease_seconds=LONG_LEASE
-    )
+    return outbox.store.claim(outbox.engine, owner=worker, limit=limit, target=target, lease_seconds=LONG_LEASE)
 
 
 def one_each(outbox: dibs.Outbox, *names: str, target: str | None = None) -> dict[str, int]:
@@ -58,9 +56,9 @@ def in_states(outbox: dibs.Outbox) -> dict[str, int]:
     assert len(held) == 5
     store, engine = outbox.store, outbox.engine
     assert store.release(engine, leases_of(held, ids, "pending")) == []
-    assert store.failed(engine, leases_of(held, ids, "failed"), timedelta(seconds=60), "boom: the broker said no") == []
+    assert store.fail(engine, leases_of(held, ids, "failed"), timedelta(seconds=60), "boom: the broker said no") == []
     assert store.abandon(engine, leases_of(held, ids, "abandoned"), "gone for good") == []
-    assert store.published(engine, leases_of(held, ids, "published")) == []
+    assert store.complete(engine, leases_of(held, ids, "published")) == []
     return ids
 
 
@@ -419,15 +417,15 @@ def test_events_get_and_status_filter_and_count(odb: OutboxDatabase) -> None:
     first = claim(outbox)  # the head of each aggregate of the default target only
     assert sorted(lease.key[0] for lease in first) == [o1[0], u1[0]]
     by_id = {lease.key[0]: lease for lease in first}
-    assert store.published(engine, [by_id[o1[0]]]) == []
-    assert store.failed(engine, [by_id[u1[0]]], timedelta(seconds=60), "boom") == []
+    assert store.complete(engine, [by_id[o1[0]]]) == []
+    assert store.fail(engine, [by_id[u1[0]]], timedelta(seconds=60), "boom") == []
     second = claim(outbox)  # u1's next event waits behind its failed head
     assert [lease.key[0] for lease in second] == [o1[1]]
     assert store.abandon(engine, second, "gone") == []
     (audit_lease,) = claim(outbox, target="audit", limit=1)
     assert audit_lease.key == (audit[0],)
     (archived,) = claim(outbox, target="archive")
-    assert store.published(engine, [archived]) == []
+    assert store.complete(engine, [archived]) == []
 
     assert [event.id for event in outbox.events(status="pending")] == [o1[2], u1[1], audit[1]]
     assert [event.id for event in outbox.events(status=["failed", "abandoned"])] == [o1[1], u1[0]]
@@ -476,7 +474,7 @@ def test_get_of_an_unknown_event_is_event_not_found(odb: OutboxDatabase) -> None
         outbox.get(event_id + 1)
     assert isinstance(raised.value, LookupError)
     (lease,) = claim(outbox)
-    outbox.store.published(outbox.engine, [lease])
+    outbox.store.complete(outbox.engine, [lease])
     assert outbox.purge() == 1
     with pytest.raises(dibs.EventNotFound):
         outbox.get(event_id)
@@ -553,7 +551,7 @@ def test_discard_deletes_abandoned_events_only_and_lets_their_aggregate_go_on(od
 def test_purge_deletes_published_events_older_than_the_cutoff_only(odb: OutboxDatabase) -> None:
     outbox = odb.outbox()
     old = one_each(outbox, "old-1", "old-2")
-    assert outbox.store.published(outbox.engine, claim(outbox)) == []
+    assert outbox.store.complete(outbox.engine, claim(outbox)) == []
     old_published = time.monotonic()
     time.sleep(0.8)
     new_begun = time.monotonic()

@@ -559,6 +559,25 @@ def test_stop_lets_the_batch_in_flight_finish_within_the_grace(
     assert len(ids) == 12
 
 
+def test_a_stop_in_a_hurry_cuts_the_grace_short_and_gives_the_batch_in_flight_back(
+    odb: OutboxDatabase, webhook_server: WebhookServer
+) -> None:
+    webhook_server.respond = Recorder(pause=3.0)
+    outbox = odb.outbox()
+    add_events(outbox, interleaved(aggregates=5, per_aggregate=1))
+    relay = odb.start(outbox, webhook_server.url, batch=5, grace=30.0)
+    wait_until(lambda: webhook_server.in_flight == 5, timeout=10, what="a batch to be in flight")
+    relay.relay.stop()
+    time.sleep(0.2)  # the graceful stop has begun: the relay waits out the grace for its batch
+    assert relay.running
+    stopped = time.monotonic()
+    relay.relay.stop(hurry=True)
+    stats = relay.join(10)
+    assert time.monotonic() - stopped < 2.0
+    assert (stats.claimed, stats.published, stats.released) == (5, 0, 5)
+    assert {row.status for row in odb.rows()} == {"pending"}
+
+
 def test_a_batch_slower_than_the_grace_is_given_back(odb: OutboxDatabase, webhook_server: WebhookServer) -> None:
     webhook_server.respond = Recorder(pause=1.0)
     outbox = odb.outbox()

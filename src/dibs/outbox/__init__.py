@@ -5,6 +5,7 @@ from dibs.outbox.events import OutboxEvent
 from dibs.outbox.outbox import Outbox, OutboxStatus
 from dibs.outbox.publishers import BrokerUnavailable, Publisher, publisher_for
 from dibs.outbox.relay import Relay, RelayStats
+from dibs.outbox.settings import RelaySettings
 
 __all__ = [
     "BrokerUnavailable",
@@ -13,6 +14,7 @@ __all__ = [
     "OutboxStatus",
     "Publisher",
     "Relay",
+    "RelaySettings",
     "RelayStats",
     "publisher_for",
 ]

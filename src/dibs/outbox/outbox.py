@@ -31,6 +31,7 @@ from dibs.dialects.base import moment
 from dibs.engine import checked_url, connected, create_engine, database_url, writing
 from dibs.outbox.events import CHANNEL, NAME_LIMITS, OutboxEvent, event_from, insert_events, new_event
 from dibs.outbox.relay import Relay
+from dibs.outbox.settings import RelaySettings
 from dibs.outbox.store import FailedHead, OutboxStore, checked_policy
 from dibs.retry import Retry
 from dibs.schema import ABANDONED, EVENT_STATES, FAILED, PENDING, PUBLISHED, aware, migrate, outbox, tables_checked
@@ -348,10 +349,18 @@ class Outbox:
 
     # -- relays ------------------------------------------------------------------------------------
 
-    def relay(self, publisher: Publisher | str, **options: Any) -> Relay:
-        """A relay publishing this outbox's events, each at most ``max_retries + 1`` times before it is abandoned;
-        options as for :class:`dibs.Relay`."""
-        return Relay(self, publisher, **options)
+    def relay(self, publisher: Publisher | str, settings: RelaySettings | None = None, **options: Any) -> Relay:
+        """A relay publishing this outbox's events, each at most ``max_retries + 1`` times before it is abandoned.
+
+        Args:
+            publisher: A :class:`~dibs.outbox.publishers.Publisher`, or a URL naming one.
+            settings: How it runs (default: the defaults of :class:`dibs.RelaySettings`).
+            **options: Settings by name, over ``settings``.
+
+        Returns:
+            The relay, not yet running: call its ``run()`` or ``await arun()``.
+        """
+        return Relay(self, publisher, settings, **options)
 
 
 def _states(status: str | Sequence[str]) -> list[str]:

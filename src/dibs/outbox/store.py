@@ -4,7 +4,7 @@
   of the aggregate is still unfinished (pending, failed or abandoned, as the policy says) and none is
   being published. Events of one aggregate are then published one at a time, in creation order, by
   however many relays; different aggregates go in parallel.
-* finish: published (in batches, one token-fenced statement each), failed (retried after a backoff),
+* finish: completed, that is published (in batches, one token-fenced statement each), failed (retried after a backoff),
   abandoned after the last retry, or released unpublished (the broker could not be reached).
 * upkeep, apart from the claim: failed events whose next attempt came are pending again, events held
   by a relay that died are pending again once its lease expired, and published events are purged.
@@ -113,22 +113,41 @@ class OutboxStore:
             ],
         )
 
-    def claim_batch(
-        self, conn: Engine | Connection, *, worker_id: str, limit: int, target: str, lease_seconds: float
+    def claim(
+        self, conn: Engine | Connection, *, owner: str, limit: int, target: str, lease_seconds: float
     ) -> list[Lease]:
-        """Lease up to ``limit`` publishable events of ``target`` to ``worker_id``, at most one per aggregate."""
+        """Lease up to ``limit`` publishable events of ``target`` to ``owner``, at most one per aggregate.
+
+        Args:
+            conn: The outbox's database.
+            owner: The relay's lease owner name.
+            limit: The most events claimed.
+            target: The target whose events are claimed.
+            lease_seconds: How long the leases last unless renewed.
+
+        Returns:
+            The leases, oldest event first, each with its row (the columns a publisher needs).
+        """
         return self.claimer.claim(
-            conn, owner=worker_id, duration=lease_seconds, limit=limit, parameters={_TARGET: [target]}
+            conn, owner=owner, duration=lease_seconds, limit=limit, parameters={_TARGET: [target]}
         )
 
-    def published(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
-        """Mark events published; returns the leases that were lost (those writes changed nothing)."""
+    def complete(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
+        """Record events as published, in one token-fenced statement.
+
+        Returns:
+            The leases that were lost (those writes changed nothing).
+        """
         return leases.complete_many(
             conn, held, status=PUBLISHED, set={outbox.c.published_at: self._published_at, outbox.c.last_error: None}
         )
 
-    def failed(self, conn: Engine | Connection, held: Sequence[Lease], delay: timedelta, error: str) -> list[Lease]:
-        """Count a failed publish and try again ``delay`` from now; returns the leases that were lost."""
+    def fail(self, conn: Engine | Connection, held: Sequence[Lease], delay: timedelta, error: str) -> list[Lease]:
+        """Count a failed publish and try the events again ``delay`` from now, the error kept.
+
+        Returns:
+            The leases that were lost (those writes changed nothing).
+        """
         return leases.fail_many(
             conn,
             held,
@@ -157,6 +176,16 @@ class OutboxStore:
     def renew(self, conn: Engine | Connection, held: Sequence[Lease], lease_seconds: float) -> list[Lease]:
         """Extend leases; returns those lost."""
         return leases.renew_many(conn, held, lease_seconds)
+
+    def unfinished(self, conn: Engine | Connection, target: str) -> dict[str, int]:
+        """How many events of ``target`` are being published or wait for a retry, by state (absent: none)."""
+        query = (
+            sa.select(outbox.c.status, sa.func.count())
+            .where(outbox.c.target == target, outbox.c.status.in_([PROCESSING, FAILED]))
+            .group_by(outbox.c.status)
+        )
+        with connected(conn) as connection:
+            return {status: int(count) for status, count in connection.execute(query).all()}
 
     # -- upkeep ------------------------------------------------------------------------------------
 
