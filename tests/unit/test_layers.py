@@ -21,7 +21,7 @@ ROOT = Path(dibs.__file__).parent
 
 #: The layers of dibs, lowest first, by module or package: a module imports its own layer and those below it.
 LAYERS = (
-    ("dibs._errors", "dibs._checks", "dibs._signals"),
+    ("dibs._errors", "dibs._checks"),
     ("dibs.dialects",),
     ("dibs.engine", "dibs.schema", "dibs.retry", "dibs.metrics"),
     ("dibs.claim", "dibs.lease", "dibs.runtime"),
