@@ -33,7 +33,7 @@ LATEST = datetime(9999, 1, 1, tzinfo=timezone.utc)
 MOST_ROWS = 2**31 - 1
 #: The longest lease owner (a worker's, relay's or runner's name): the size of the owner column.
 OWNER_LIMIT = 200
-#: The most characters of an error kept on a row (a job's, an event's, a due row's last error).
+#: The most characters of an error kept on a row (a job's or an event's last error): MySQL's TEXT holds 64 KiB.
 ERROR_LIMIT = 60_000
 
 
@@ -47,10 +47,12 @@ def checked_owner(value: object, what: str = "owner (the name of the worker)") -
     return checked_text(value, what, OWNER_LIMIT)
 
 
-def checked_integer(value: object, what: str, low: int, high: int) -> int:
-    """``value`` if it is an int (not a bool) from ``low`` to ``high``; InvalidArgument otherwise."""
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise InvalidArgument(f"{what} must be a whole number from {low:,} to {high:,}, got {value!r}")
+def checked_integer(value: object, what: str, low: int, high: int | None = None) -> int:
+    """``value`` if it is an int (not a bool) from ``low`` to ``high`` (None: no upper bound); InvalidArgument
+    otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        wanted = f"from {low:,} to {high:,}" if high is not None else f">= {low:,}"
+        raise InvalidArgument(f"{what} must be a whole number {wanted}, got {value!r}")
     return value
 
 

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 from datetime import timedelta
 
-from dibs._checks import checked_seconds
+from dibs._checks import checked_number, checked_seconds
 from dibs._errors import InvalidArgument
 
 
@@ -28,11 +28,8 @@ class Retry:
     def __post_init__(self) -> None:
         for name in ("base", "cap"):
             checked_seconds(getattr(self, name), f"Retry({name}=)", zero=True)
-        factor = self.factor
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor < math.inf:
-            raise InvalidArgument(f"Retry(factor=) must be a number >= 0, got {factor!r}")
-        if not isinstance(self.jitter, (int, float)) or not 0 <= self.jitter <= 1:
-            raise InvalidArgument(f"Retry(jitter=) must be a fraction between 0 and 1, got {self.jitter!r}")
+        checked_number(self.factor, "Retry(factor=)", 0, math.inf, high_included=False)
+        checked_number(self.jitter, "Retry(jitter=) (a fraction)", 0, 1)
         if not isinstance(self.on, tuple) or not all(
             isinstance(kind, type) and issubclass(kind, BaseException) for kind in self.on
         ):

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection, Engine, Row
 
 from dibs.claim import Criteria, Ordering, arun_claim, claim_request, ordering, run_claim, whole_number
 from dibs.dialects import Backend, ClaimRequest, backend_for
-from dibs.dialects.base import constant
+from dibs.dialects.base import inline
 from dibs.lease.table import LeasedTable, LeaseFields
 from dibs.lease.value import (
     OWNER_PARAMETER,
@@ -95,10 +95,10 @@ class Claiming(LeasedTable):
     def eligible(self, backend: Backend) -> sa.ColumnElement[bool]:
         """Ready rows, and running rows whose lease has expired on the database clock."""
         if not self.reclaim_expired:
-            return self.status == constant(self.ready)
+            return self.status == inline(self.ready)
         return sa.or_(
-            self.status == constant(self.ready),
-            sa.and_(self.status == constant(self.running), self.expires_at < backend.now()),
+            self.status == inline(self.ready),
+            sa.and_(self.status == inline(self.running), self.expires_at < backend.now()),
         )
 
     def claim_request(
@@ -156,11 +156,11 @@ class Claiming(LeasedTable):
         if where is not None:
             criteria.extend([where] if isinstance(where, sa.ClauseElement) else list(where))
         changes: dict[Any, Any] = {
-            self.status: constant(self.running),
+            self.status: inline(self.running),
             self.owner: sa.bindparam(OWNER_PARAMETER, type_=self.owner.type),
             self.expires_at: backend.after(SECONDS_PARAMETER),
-            self.token: self.token + constant(1),
-            self.attempts: self.attempts + constant(1),
+            self.token: self.token + inline(1),
+            self.attempts: self.attempts + inline(1),
         }
         changes.update(values or {})
         request = claim_request(

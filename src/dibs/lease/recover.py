@@ -11,7 +11,7 @@ from sqlalchemy.engine import Connection, Engine
 from dibs._errors import InvalidArgument
 from dibs.claim import Criteria, column_of, whole_number
 from dibs.dialects import backend_for
-from dibs.dialects.base import constant
+from dibs.dialects.base import inline
 from dibs.lease.table import LeasedTable
 from dibs.lease.transaction import transaction
 
@@ -42,7 +42,7 @@ class Recovering(LeasedTable):
         if size is not None and size <= 0:
             raise InvalidArgument(f"batch must be a positive whole number of rows, got {batch!r}")
         backend = backend_for(bind.dialect)
-        criteria: list[Any] = [self.status == constant(self.running), self.expires_at < backend.now()]
+        criteria: list[Any] = [self.status == inline(self.running), self.expires_at < backend.now()]
         if where is not None:
             criteria.extend([where] if isinstance(where, sa.ClauseElement) else list(where))
         changes: dict[Any, Any] = {self.status: status or self.ready, self.expires_at: None, self.owner: None}

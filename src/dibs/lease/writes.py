@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection, Engine
 from dibs._errors import InvalidArgument, LeaseLost
 from dibs.claim import column_of
 from dibs.dialects import Backend, backend_for, driver
-from dibs.dialects.base import constant, resolve_times
+from dibs.dialects.base import inline, resolve_times
 from dibs.lease.table import LeasedTable, WriteStatements
 from dibs.lease.transaction import transaction
 from dibs.lease.value import SECONDS_PARAMETER, Duration, Lease, _seconds
@@ -224,12 +224,12 @@ class Writes(LeasedTable):
         if found is not None:
             self._write_templates.move_to_end(key)
             return found
-        changes: dict[Any, Any] = {self.status: constant(status)}
+        changes: dict[Any, Any] = {self.status: inline(status)}
         if action == "renew":
             changes = {self.expires_at: backend.after(SECONDS_PARAMETER)}
         elif action == "release":
             # Ready again and nobody's, as recover() leaves an expired row.
-            changes.update({self.expires_at: None, self.owner: None, self.attempts: self.attempts - constant(1)})
+            changes.update({self.expires_at: None, self.owner: None, self.attempts: self.attempts - inline(1)})
         else:
             changes[self.expires_at] = None
             if self.finished_at is not None:
@@ -237,7 +237,7 @@ class Writes(LeasedTable):
         for column, value in values.items():
             bound = not isinstance(value, sa.ClauseElement)
             changes[column] = sa.bindparam(f"dibs_set_{column.name}", type_=column.type) if bound else value
-        still_held = sa.and_(backend.fenced(self.key_columns, self.token), self.status == constant(self.running))
+        still_held = sa.and_(backend.fenced(self.key_columns, self.token), self.status == inline(self.running))
         change = sa.update(self.table).where(still_held).values(changes)
         statements = WriteStatements(
             write=change,

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dibs._checks import checked_count, checked_name, checked_seconds
+from dibs._checks import checked_count, checked_integer, checked_name, checked_seconds
 from dibs._errors import InvalidArgument
 from dibs.retry import DEFAULT_RETRY, Retry
 
@@ -27,9 +27,7 @@ def checked_attempts(value: object, what: str = "max_attempts") -> int:
 
 
 def checked_priority(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not -1_000_000 <= value <= 1_000_000:
-        raise InvalidArgument(f"priority must be a whole number between -1000000 and 1000000, got {value!r}")
-    return value
+    return checked_integer(value, "priority", -1_000_000, 1_000_000)
 
 
 class TaskApp(Protocol):
