@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from dibs.queue.app import CHANNEL
+from dibs.queue.enqueue import CHANNEL
 from tests.queue.conftest import QueueDatabase
 
 
