@@ -16,7 +16,22 @@ class Retry:
     """Retry after ``base * factor ** (attempt - 1)`` seconds, at most ``cap``, spread by +/- ``jitter``.
 
     Only exceptions that are instances of ``on`` are retried; any other goes straight to the dead
-    letters. ``Retry(on=(TimeoutError, ConnectionError))`` retries network trouble and nothing else.
+    letters.
+
+    Attributes:
+        base: Seconds before the first retry.
+        factor: What each further delay is multiplied by (1 for a constant delay).
+        cap: The longest delay, in seconds.
+        jitter: The fraction (0 to 1) by which each delay is spread at random, so that jobs that failed
+            together do not all retry at the same moment.
+        on: The exception classes to retry.
+
+    Raises:
+        InvalidArgument: A negative or too long delay, a factor below 0, a jitter outside 0 to 1, or an
+            ``on`` that is not a tuple of exception classes.
+
+    Example:
+        >>> dibs.Retry(base=2, cap=600, on=(TimeoutError, ConnectionError))  # network trouble only
     """
 
     base: float = 1.0
@@ -36,11 +51,25 @@ class Retry:
             raise InvalidArgument(f"Retry(on=) must be a tuple of exception classes, got {self.on!r}")
 
     def retries(self, error: BaseException) -> bool:
-        """Whether this error is one to retry."""
+        """Whether this error is one to retry.
+
+        Args:
+            error: What the run raised.
+
+        Returns:
+            True when it is an instance of one of ``on``.
+        """
         return isinstance(error, self.on)
 
     def delay(self, attempt: int) -> timedelta:
-        """How long to wait before attempt ``attempt + 1``, after ``attempt`` attempts failed."""
+        """How long to wait before attempt ``attempt + 1``, after ``attempt`` attempts failed.
+
+        Args:
+            attempt: How many attempts have failed.
+
+        Returns:
+            The delay, jitter applied.
+        """
         try:
             seconds = min(self.cap, self.base * self.factor ** max(attempt - 1, 0))
         except OverflowError:  # the backoff outgrew a float long before: it is the cap

@@ -72,7 +72,25 @@ class Claiming(LeasedTable):
         set: Mapping[Any, Any] | None = None,
         then: Then | None = None,
     ) -> list[Lease]:
-        """Lease up to ``limit`` ready or expired rows to ``owner`` for ``duration``; each gets a new token."""
+        """Lease up to ``limit`` ready or expired rows to ``owner`` for ``duration``; each gets a new token.
+
+        Args:
+            bind: An Engine, or a Connection with no transaction open (the claim commits on its own).
+            owner: Who holds the leases: a worker's name, 1 to 200 characters.
+            duration: How long the leases last (a timedelta or seconds), on the database clock.
+            where: More criteria the rows must meet, as for :func:`dibs.claim`.
+            limit: The most rows to lease.
+            order_by: Which rows to lease first, as for :func:`dibs.claim`.
+            set: More columns the claim sets, as for :func:`dibs.claim`.
+            then: A function ``then(conn, rows)`` run in the claim's transaction.
+
+        Returns:
+            One :class:`~dibs.Lease` per claimed row, in ``order_by`` order.
+
+        Raises:
+            InTransaction: ``bind`` is a Connection inside a transaction.
+            InvalidArgument: A bad owner, duration, limit or column.
+        """
         request = self.claim_request(bind, owner, duration, where, limit, order_by, set, then)
         return self._leases(run_claim(bind, request, self.strategy), owner, self._whole_rows)
 
@@ -88,7 +106,21 @@ class Claiming(LeasedTable):
         set: Mapping[Any, Any] | None = None,
         then: Then | None = None,
     ) -> list[Lease]:
-        """claim() for asyncio."""
+        """:meth:`claim` for asyncio, on an AsyncEngine or an AsyncConnection with no transaction open.
+
+        Args:
+            bind: An AsyncEngine, or an AsyncConnection with no transaction open.
+            owner: Who holds the leases.
+            duration: How long the leases last (a timedelta or seconds).
+            where: More criteria the rows must meet.
+            limit: The most rows to lease.
+            order_by: Which rows to lease first.
+            set: More columns the claim sets.
+            then: A function ``then(conn, rows)`` run in the claim's transaction.
+
+        Returns:
+            One :class:`~dibs.Lease` per claimed row.
+        """
         request = self.claim_request(bind, owner, duration, where, limit, order_by, set, then)
         return self._leases(await arun_claim(bind, request, self.strategy), owner, self._whole_rows)
 

@@ -53,8 +53,19 @@ class Leases(Claiming, AsyncWrites):
     ) -> Claimer:
         r"""A claim whose criteria, order and values are fixed, built once per database and reused.
 
-        Values that change from call to call go in ``where`` and ``set`` as named ``sa.bindparam``\ s and
-        are given to :meth:`Claimer.claim` as ``parameters``. ``columns`` limits what each lease's row holds
-        (the key, token and expiry are always among them): fewer columns, less to decode.
+        Args:
+            where: Criteria the rows must meet; values that change from call to call go in as named
+                ``sa.bindparam``\ s, given to :meth:`Claimer.claim` as ``parameters``.
+            order_by: Which rows to lease first.
+            set: More columns the claim sets (named ``sa.bindparam``\ s allowed, as in ``where``).
+            columns: What each lease's row holds (the key, token and expiry are always among them):
+                fewer columns, less to decode.
+
+        Returns:
+            The :class:`~dibs.Claimer`.
+
+        Example:
+            >>> claimer = leases.claimer(where=tasks.c.queue == sa.bindparam("queue"), order_by="id")
+            >>> claimer.claim(engine, owner="w1", duration=30, limit=10, parameters={"queue": "emails"})
         """
         return Claimer(self, where, order_by, set, columns)

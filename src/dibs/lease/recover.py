@@ -28,15 +28,26 @@ class Recovering(LeasedTable):
         set: Mapping[Any, Any] | None = None,
         batch: int | None = None,
     ) -> list[tuple[Any, ...]]:
-        """Put running rows whose lease expired back to ``status`` (ready unless given); returns their keys.
+        """Put running rows whose lease expired back to ``status``.
 
         A later write by the lost holder finds the row no longer running and changes nothing.
 
-        ``batch``: recover in statements of at most that many rows, longest expired first, until one finds
-        fewer. Given an index on the lease's expiry, each then reads it in order, even where the
-        database's statistics (taken while most rows were running) would plan the unordered read as a
-        scan of the whole table. Outside a transaction of the caller's each statement commits on its own:
-        if one fails, the rows of those before it stay recovered.
+        Args:
+            bind: An Engine or Connection; in a Connection's open transaction the writes join it.
+            where: More criteria the rows must meet.
+            status: The status to set; ready unless given.
+            set: More columns to set (not the status or the lease's expiry, which recover sets itself).
+            batch: Recover in statements of at most that many rows, longest expired first, until one
+                finds fewer. Given an index on the lease's expiry, each reads it in order, even where the
+                database's statistics would plan the unordered read as a scan of the whole table.
+                Outside a transaction of the caller's each statement commits on its own.
+
+        Returns:
+            The keys of the recovered rows.
+
+        Raises:
+            InvalidArgument: A batch that is not a positive whole number, or ``set`` naming the status or
+                the expiry.
         """
         size = None if batch is None else whole_number(batch, "batch")
         if size is not None and size <= 0:

@@ -30,11 +30,29 @@ class Writes(LeasedTable):
     """The guarded writes of :class:`~dibs.Leases`."""
 
     def renew(self, bind: Engine | Connection, lease: Lease, duration: Duration) -> None:
-        """Extend a held lease to ``duration`` from now; raises LeaseLost if it is no longer held."""
+        """Extend a held lease to ``duration`` from now on the database clock.
+
+        Args:
+            bind: An Engine or Connection; in a Connection's open transaction the write joins it.
+            lease: The lease to extend.
+            duration: The new length from now (a timedelta or seconds).
+
+        Raises:
+            LeaseLost: The lease is no longer held; nothing was changed.
+        """
         self._raise_lost(self.renew_many(bind, [lease], duration), "renew")
 
     def renew_many(self, bind: Engine | Connection, leases: Sequence[Lease], duration: Duration) -> list[Lease]:
-        """Extend many leases in one statement; returns the leases that were lost (and not renewed)."""
+        """Extend many leases in one statement.
+
+        Args:
+            bind: An Engine or Connection; in a Connection's open transaction the write joins it.
+            leases: The leases to extend (a list, not one Lease).
+            duration: The new length from now (a timedelta or seconds).
+
+        Returns:
+            The leases that were lost, and not renewed.
+        """
         backend = backend_for(bind.dialect)
         return self._write(
             bind, leases, "renew", self.running, {SECONDS_PARAMETER: backend.after_value(_seconds(duration))}
@@ -48,7 +66,17 @@ class Writes(LeasedTable):
         status: str | None = None,
         set: Mapping[Any, Any] | None = None,
     ) -> None:
-        """Finish a held lease (status ``done`` unless given); raises LeaseLost if it is no longer held."""
+        """Finish a held lease.
+
+        Args:
+            bind: An Engine or Connection; in a Connection's open transaction the write joins it.
+            lease: The lease to finish.
+            status: The status to set; ``done`` (the Leases' ``done=``) unless given.
+            set: More columns to set in the same statement: values or SQL expressions.
+
+        Raises:
+            LeaseLost: The lease is no longer held; nothing was changed.
+        """
         self._raise_lost(self.complete_many(bind, [lease], status=status, set=set), "complete")
 
     def complete_many(
@@ -60,9 +88,17 @@ class Writes(LeasedTable):
         set: Mapping[Any, Any] | None = None,
         parameters: Mapping[str, Any] | None = None,
     ) -> list[Lease]:
-        r"""Finish many leases in one statement; returns the leases that were lost (and left unchanged).
+        r"""Finish many leases in one statement.
 
-        ``parameters`` gives values to named ``sa.bindparam``\ s inside SQL expressions in ``set``.
+        Args:
+            bind: An Engine or Connection; in a Connection's open transaction the write joins it.
+            leases: The leases to finish (a list, not one Lease).
+            status: The status to set; ``done`` unless given.
+            set: More columns to set: values or SQL expressions.
+            parameters: Values of named ``sa.bindparam``\ s inside SQL expressions in ``set``.
+
+        Returns:
+            The leases that were lost, and left unchanged.
         """
         return self._write(bind, leases, "finish", status or self.done, dict(parameters or {}), set)
 
@@ -74,7 +110,17 @@ class Writes(LeasedTable):
         status: str | None = None,
         set: Mapping[Any, Any] | None = None,
     ) -> None:
-        """Mark a held lease failed (status ``failed`` unless given); raises LeaseLost if no longer held."""
+        """Mark a held lease failed.
+
+        Args:
+            bind: An Engine or Connection; in a Connection's open transaction the write joins it.
+            lease: The lease to fail.
+            status: The status to set; ``failed`` (the Leases' ``failed=``) unless given.
+            set: More columns to set in the same statement.
+
+        Raises:
+            LeaseLost: The lease is no longer held; nothing was changed.
+        """
         self._raise_lost(self.fail_many(bind, [lease], status=status, set=set), "fail")
 
     def fail_many(
@@ -86,15 +132,42 @@ class Writes(LeasedTable):
         set: Mapping[Any, Any] | None = None,
         parameters: Mapping[str, Any] | None = None,
     ) -> list[Lease]:
-        """Mark many leases failed in one statement; returns the leases that were lost."""
+        r"""Mark many leases failed in one statement.
+
+        Args:
+            bind: An Engine or Connection; in a Connection's open transaction the write joins it.
+            leases: The leases to fail (a list, not one Lease).
+            status: The status to set; ``failed`` unless given.
+            set: More columns to set.
+            parameters: Values of named ``sa.bindparam``\ s inside SQL expressions in ``set``.
+
+        Returns:
+            The leases that were lost, and left unchanged.
+        """
         return self._write(bind, leases, "finish", status or self.failed, dict(parameters or {}), set)
 
     def release(self, bind: Engine | Connection, lease: Lease) -> None:
-        """Give back a lease whose work never started: ready again at once, and the attempt not counted."""
+        """Give back a lease whose work never started: ready again at once, and the attempt not counted.
+
+        Args:
+            bind: An Engine or Connection; in a Connection's open transaction the write joins it.
+            lease: The lease to give back.
+
+        Raises:
+            LeaseLost: The lease is no longer held; nothing was changed.
+        """
         self._raise_lost(self.release_many(bind, [lease]), "release")
 
     def release_many(self, bind: Engine | Connection, leases: Sequence[Lease]) -> list[Lease]:
-        """Give back many unstarted leases in one statement; returns the leases that were lost."""
+        """Give back many unstarted leases in one statement.
+
+        Args:
+            bind: An Engine or Connection; in a Connection's open transaction the write joins it.
+            leases: The leases to give back (a list, not one Lease).
+
+        Returns:
+            The leases that were lost, and left unchanged.
+        """
         return self._write(bind, leases, "release", self.ready, {})
 
     def _write(

@@ -43,10 +43,26 @@ class TaskApp(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class Task:
-    """A registered function and the defaults of its jobs. Higher ``priority`` runs first.
+    """A registered function and the defaults of its jobs; made by :meth:`dibs.App.task`.
 
-    ``ordering_key`` names an argument (or is a function of the arguments) whose value puts jobs in a
-    line: jobs with the same key run one at a time, in enqueue order.
+    Attributes:
+        app: The app the task is registered with.
+        function: The sync or async function a job runs, called with the job's arguments as keywords
+            (and ``context``, a :class:`~dibs.JobContext`, if it takes one).
+        name: The registered name, which jobs store.
+        queue: The queue its jobs go to unless enqueued with another.
+        priority: Higher runs first within a queue (-1,000,000 to 1,000,000).
+        max_attempts: How many times a job runs before it is dead.
+        retry: When and how soon a failed job runs again.
+        timeout: Seconds a run may take before it is stopped and counted failed; None for no limit.
+        ordering_key: An argument's name (or a function of the arguments) whose value puts jobs in a
+            line: jobs with the same key run one at a time, in enqueue order.
+        tag: Only workers serving this tag take its jobs.
+
+    Example:
+        >>> @app.task(queue="billing", ordering_key="customer")
+        ... def charge(customer: str, cents: int) -> None: ...
+        >>> charge.enqueue({"customer": "c-7", "cents": 1200})
     """
 
     app: TaskApp
@@ -135,9 +151,25 @@ class Task:
         return None if value is None else str(value)
 
     def enqueue(self, args: Mapping[str, Any] | None = None, /, **options: Any) -> Job:
-        """Enqueue one job of this task; ``options`` as for :meth:`App.enqueue`."""
+        """Enqueue one job of this task.
+
+        Args:
+            args: The job's arguments, a JSON object.
+            **options: As for :meth:`dibs.App.enqueue` (``conn``, ``delay``, ``queue``...).
+
+        Returns:
+            The job as stored.
+        """
         return self.app.enqueue(self, args, **options)
 
     async def aenqueue(self, args: Mapping[str, Any] | None = None, /, **options: Any) -> Job:
-        """enqueue() for asyncio."""
+        """:meth:`enqueue` for asyncio.
+
+        Args:
+            args: The job's arguments, a JSON object.
+            **options: As for :meth:`dibs.App.aenqueue`.
+
+        Returns:
+            The job as stored.
+        """
         return await self.app.aenqueue(self, args, **options)
