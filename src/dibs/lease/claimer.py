@@ -76,7 +76,18 @@ class Claimer:
         limit: int,
         parameters: Mapping[str, Any] | None = None,
     ) -> list[Lease]:
-        """claim() for asyncio."""
+        """:meth:`claim` for asyncio.
+
+        Args:
+            bind: An AsyncEngine, or an AsyncConnection with no transaction open.
+            owner: Who holds the leases.
+            duration: How long the leases last (a timedelta or seconds).
+            limit: The most rows to lease.
+            parameters: Values of the named ``sa.bindparam`` s in the claimer's ``where`` and ``set``.
+
+        Returns:
+            One :class:`~dibs.Lease` per claimed row.
+        """
         request = self._request(bind, owner, duration, limit, parameters)
         return self.leases._leases(await arun_claim(bind, request, self.leases.strategy), owner, self._fields)
 

@@ -125,7 +125,14 @@ class Claiming(LeasedTable):
         return self._leases(await arun_claim(bind, request, self.strategy), owner, self._whole_rows)
 
     def eligible(self, backend: Backend) -> sa.ColumnElement[bool]:
-        """Ready rows, and running rows whose lease has expired on the database clock."""
+        """The criteria of a claimable row: ready, or running with a lease expired on the database clock.
+
+        Args:
+            backend: The backend of the database the criteria run on (its clock).
+
+        Returns:
+            The criteria, as a SQL expression.
+        """
         if not self.reclaim_expired:
             return self.status == inline(self.ready)
         return sa.or_(
@@ -144,7 +151,21 @@ class Claiming(LeasedTable):
         values: Mapping[Any, Any] | None,
         then: Then | None,
     ) -> ClaimRequest:
-        """The claim for one call. Without ``where`` or ``set`` its statements are built once and reused."""
+        """The claim for one call. Without ``where`` or ``set`` its statements are built once and reused.
+
+        Args:
+            bind: The Engine or Connection (sync or async) the claim runs on.
+            owner: Who holds the leases.
+            duration: How long the leases last.
+            where: More criteria the rows must meet.
+            limit: The most rows to lease.
+            order_by: Which rows to lease first.
+            values: More columns the claim sets (the ``set=`` of :meth:`claim`).
+            then: A function run in the claim's transaction.
+
+        Returns:
+            The request, ready to run.
+        """
         _owner(owner)
         backend = backend_for(bind.dialect)
         parameters = {OWNER_PARAMETER: owner, SECONDS_PARAMETER: backend.after_value(_seconds(duration))}

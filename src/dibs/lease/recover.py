@@ -10,7 +10,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from dibs._errors import InvalidArgument
 from dibs.claim import Criteria, column_of, whole_number
-from dibs.dialects import backend_for
+from dibs.dialects import Backend, backend_for
 from dibs.dialects.base import inline
 from dibs.lease.table import LeasedTable
 from dibs.lease.transaction import transaction
@@ -56,17 +56,7 @@ class Recovering(LeasedTable):
         criteria: list[Any] = [self.status == inline(self.running), self.expires_at < backend.now()]
         if where is not None:
             criteria.extend([where] if isinstance(where, sa.ClauseElement) else list(where))
-        changes: dict[Any, Any] = {self.status: status or self.ready, self.expires_at: None, self.owner: None}
-        if self.finished_at is not None and (status or self.ready) != self.ready:
-            changes[self.finished_at] = backend.now()
-        values = {column_of(self.table, key, "set"): value for key, value in (set or {}).items()}
-        for column in values:
-            if column is self.status or column is self.expires_at:
-                raise InvalidArgument(
-                    f"set must not name {column.name}: recover sets the status (pass status=) and clears the "
-                    "lease's expiry itself"
-                )
-        changes.update(values)
+        changes = self._recovered_values(backend, status, set)
         found = sa.select(*self.key_columns).where(*criteria).with_for_update(skip_locked=True)
         if size is not None:
             found = found.order_by(self.expires_at).limit(size)
@@ -85,3 +75,20 @@ class Recovering(LeasedTable):
             recovered.extend(keys)
             if size is None or len(keys) < size:
                 return recovered
+
+    def _recovered_values(
+        self, backend: Backend, status: str | None, values: Mapping[Any, Any] | None
+    ) -> dict[Any, Any]:
+        """What recover() sets: the status, no lease, the finishing time if the row finishes, the caller's."""
+        changes: dict[Any, Any] = {self.status: status or self.ready, self.expires_at: None, self.owner: None}
+        if self.finished_at is not None and (status or self.ready) != self.ready:
+            changes[self.finished_at] = backend.now()
+        by_column = {column_of(self.table, key, "set"): value for key, value in (values or {}).items()}
+        for column in by_column:
+            if column is self.status or column is self.expires_at:
+                raise InvalidArgument(
+                    f"set must not name {column.name}: recover sets the status (pass status=) and clears the "
+                    "lease's expiry itself"
+                )
+        changes.update(by_column)
+        return changes

@@ -110,7 +110,14 @@ class JobContext:
         return self.stop_reason is not None
 
     def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds`` (in a sync task), waking at once if asked to stop; True if asked."""
+        """Sleep up to ``seconds`` (in a sync task), waking at once if asked to stop.
+
+        Args:
+            seconds: The longest sleep.
+
+        Returns:
+            True if the job was asked to stop.
+        """
         if self._event is None:
             self._event = threading.Event()
         # Checked after the event exists: stop() sets the reason before it looks for the event.
@@ -119,7 +126,11 @@ class JobContext:
         return self._event.wait(seconds)
 
     def stop(self, reason: str) -> None:
-        """Ask the job to stop (the worker calls this)."""
+        """Ask the job to stop (the worker calls this).
+
+        Args:
+            reason: Why, as :attr:`stop_reason` then tells the job.
+        """
         if self.stop_reason is None:
             self.stop_reason = reason
             if self._event is not None:

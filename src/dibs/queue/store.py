@@ -156,9 +156,9 @@ class JobStore:
 
     # -- finish ------------------------------------------------------------------------------------
 
-    def succeed(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
+    def succeed(self, conn: Engine | Connection, claimed: Sequence[Lease]) -> list[Lease]:
         """Mark jobs succeeded; returns the leases that were lost (those writes changed nothing)."""
-        return leases.complete_many(conn, held, status=SUCCEEDED, set={jobs.c.dedupe_key: None})
+        return leases.complete_many(conn, claimed, status=SUCCEEDED, set={jobs.c.dedupe_key: None})
 
     def retry(self, conn: Engine | Connection, lease: Lease, delay: timedelta, error: str) -> bool:
         """Schedule the job again ``delay`` from now on the database clock; False if the lease was lost."""
@@ -178,13 +178,13 @@ class JobStore:
         )
         return not lost
 
-    def renew(self, conn: Engine | Connection, held: Sequence[Lease], lease_seconds: float) -> list[Lease]:
+    def renew(self, conn: Engine | Connection, claimed: Sequence[Lease], lease_seconds: float) -> list[Lease]:
         """Extend leases; returns those lost."""
-        return leases.renew_many(conn, held, lease_seconds)
+        return leases.renew_many(conn, claimed, lease_seconds)
 
-    def release(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
+    def release(self, conn: Engine | Connection, claimed: Sequence[Lease]) -> list[Lease]:
         """Give back unstarted jobs, queued again at once with the attempt not counted."""
-        return leases.release_many(conn, held)
+        return leases.release_many(conn, claimed)
 
     def cancel_requests(self, conn: Engine | Connection, ids: Iterable[int]) -> set[int]:
         """Which of these running jobs someone asked to cancel."""

@@ -110,7 +110,14 @@ class Task:
         return str(self.signature.replace(parameters=plain, return_annotation=inspect.Signature.empty))
 
     def misfit(self, kwargs: Mapping[str, Any]) -> str | None:
-        """Why the function cannot be called with these keyword arguments; None if it can."""
+        """Why the function cannot be called with these keyword arguments.
+
+        Args:
+            kwargs: The keyword arguments.
+
+        Returns:
+            The reason, or None if they fit.
+        """
         try:
             self.signature.bind(**kwargs)
         except TypeError as exc:
@@ -118,7 +125,14 @@ class Task:
         return None
 
     def refusal(self, args: Mapping[str, Any]) -> str | None:
-        """Why a job with these arguments can never run, as enqueue says it; None if they fit the function."""
+        """Why a job with these arguments can never run, as enqueue says it.
+
+        Args:
+            args: The job's arguments.
+
+        Returns:
+            The reason, or None if they fit the function.
+        """
         names = frozenset(args)
         if names in self._misfits:
             return self._misfits[names]
@@ -136,7 +150,17 @@ class Task:
         return self.function(*args, **kwargs)
 
     def key_for(self, args: Mapping[str, Any]) -> str | None:
-        """The ordering key of a job with these arguments, if the task has one."""
+        """The ordering key of a job with these arguments, if the task has one.
+
+        Args:
+            args: The job's arguments.
+
+        Returns:
+            The key as text, or None.
+
+        Raises:
+            InvalidArgument: The task orders by an argument the job does not have.
+        """
         if self.ordering_key is None:
             return None
         if isinstance(self.ordering_key, str):

@@ -80,10 +80,21 @@ MIGRATE_TRIES = 6
 
 
 def migrate(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[Migration]:
-    """Apply the migrations this database lacks, in order; returns those applied (none when up to date).
+    """Apply the migrations this database lacks, in order.
 
     Processes may migrate one database at once (every replica running ``dibs init`` as it starts): a step
     whose DDL or version row collides with another's is rolled back and, once that one is recorded, skipped.
+
+    Args:
+        bind: An Engine, or a Connection (each step commits on it).
+        migrations: The steps to apply; dibs's own unless given.
+
+    Returns:
+        The steps applied, none when the database was up to date.
+
+    Example:
+        >>> [step.version for step in dibs.migrate(engine)]
+        [1, 2, 3, 4]
     """
     applied: list[Migration] = []
     for attempt in range(1, MIGRATE_TRIES + 1):
