@@ -133,6 +133,18 @@ def checked_count(value: object, what: str, minimum: int | None = 1) -> int:
     return number
 
 
+def checked_attempts(value: object, what: str = "max_attempts") -> int:
+    """A number of attempts: a whole number from 1 to :data:`MOST_ROWS`; InvalidArgument otherwise."""
+    if not isinstance(value, int):
+        raise InvalidArgument(f"{what} must be a whole number >= 1, got {value!r}")
+    return checked_count(value, what)
+
+
+def checked_priority(value: object) -> int:
+    """A job's priority: a whole number from -1,000,000 to 1,000,000; InvalidArgument otherwise."""
+    return checked_integer(value, "priority", -1_000_000, 1_000_000)
+
+
 def _shown(value: object) -> str:
     """A value as an error message shows it: its repr, cut short if long."""
     shown = repr(value)

@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from dibs._checks import checked_owner
 from dibs.claim import Criteria, Ordering, arun_claim, column_of, ordering, run_claim, whole_number
 from dibs.dialects import ClaimRequest, backend_for
 from dibs.lease.claiming import Claiming
 from dibs.lease.table import LeaseFields
-from dibs.lease.value import OWNER_PARAMETER, SECONDS_PARAMETER, Duration, Lease, _owner, _seconds
+from dibs.lease.value import OWNER_PARAMETER, SECONDS_PARAMETER, Duration, Lease, _seconds
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -94,7 +95,7 @@ class Claimer:
     def _request(
         self, bind: Any, owner: str, duration: Duration, limit: int, parameters: Mapping[str, Any] | None
     ) -> ClaimRequest:
-        _owner(owner)
+        checked_owner(owner)
         backend = backend_for(bind.dialect)
         template = self._templates.get(backend.name)
         if template is None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine, Row
 
+from dibs._checks import checked_owner
 from dibs.claim import Criteria, Ordering, arun_claim, claim_request, ordering, run_claim, whole_number
 from dibs.dialects import Backend, ClaimRequest, backend_for
 from dibs.dialects.base import inline
@@ -19,7 +20,6 @@ from dibs.lease.value import (
     SECONDS_PARAMETER,
     Duration,
     Lease,
-    _owner,
     _seconds,
     made_lease,
 )
@@ -166,7 +166,7 @@ class Claiming(LeasedTable):
         Returns:
             The request, ready to run.
         """
-        _owner(owner)
+        checked_owner(owner)
         backend = backend_for(bind.dialect)
         parameters = {OWNER_PARAMETER: owner, SECONDS_PARAMETER: backend.after_value(_seconds(duration))}
         count = whole_number(limit)

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Row
 
-from dibs._checks import OWNER_LIMIT, checked_owner, checked_seconds
+from dibs._checks import OWNER_LIMIT, checked_seconds
 from dibs.schema import Timestamp
 
 #: A lease's length: a timedelta or a number of seconds.
@@ -81,7 +81,3 @@ made_lease: Callable[[Any, tuple[Any, ...]], Lease] = tuple.__new__
 
 def _seconds(duration: Duration, name: str = "duration") -> float:
     return checked_seconds(duration, name)
-
-
-def _owner(owner: object) -> str:
-    return checked_owner(owner)

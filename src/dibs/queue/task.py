@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dibs._checks import checked_count, checked_integer, checked_name, checked_seconds
+from dibs._checks import checked_attempts, checked_name, checked_priority, checked_seconds
 from dibs._errors import InvalidArgument
 from dibs.retry import DEFAULT_RETRY, Retry
 
@@ -18,16 +18,6 @@ if TYPE_CHECKING:
 TASK_NAME_LIMIT = 200
 
 OrderingKey = str | Callable[[Mapping[str, Any]], object] | None
-
-
-def checked_attempts(value: object, what: str = "max_attempts") -> int:
-    if not isinstance(value, int):
-        raise InvalidArgument(f"{what} must be a whole number >= 1, got {value!r}")
-    return checked_count(value, what)
-
-
-def checked_priority(value: object) -> int:
-    return checked_integer(value, "priority", -1_000_000, 1_000_000)
 
 
 class TaskApp(Protocol):
