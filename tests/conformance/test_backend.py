@@ -21,9 +21,9 @@ from dibs.dialects import STRATEGIES, Backend, backend_for
 from dibs.dialects.base import Name, from_now, resolve_times
 from dibs.dialects.inserts import Returning
 from dibs.schema import Timestamp, aware
-from tests.conftest import target_url
-from tests.harness import Harness
-from tests.targets import TARGETS
+from tests.helpers.fixtures import target_url
+from tests.helpers.harness import Harness
+from tests.helpers.targets import TARGETS
 
 T = TypeVar("T")
 DRIVERS = [target for target in TARGETS if target.strategy is None]

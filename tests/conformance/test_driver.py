@@ -8,7 +8,7 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from tests.conformance.test_lease import make_leased
-from tests.harness import Harness
+from tests.helpers.harness import Harness
 
 
 def _sync_engine(db: Harness) -> sa.Engine:

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 import dibs
 from tests.conformance.tables import fill, leased_columns
-from tests.harness import Harness
+from tests.helpers.harness import Harness
 
 
 def make_leased(db: Harness, count: int) -> tuple[sa.Table, dibs.Leases]:

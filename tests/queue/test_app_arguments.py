@@ -7,10 +7,9 @@ import time
 from datetime import timedelta
 
 import pytest
-import sqlalchemy as sa
 
 import dibs
-from tests.queue.conftest import QueueDatabase
+from tests.queue.database import QueueDatabase
 from tests.queue.support import job_rows
 
 
@@ -56,17 +55,13 @@ def test_purge_refuses_statuses_that_are_not_states(qdb: QueueDatabase) -> None:
             call(statuses=3)  # type: ignore[arg-type]
 
 
-def test_periodic_calls_on_a_database_without_the_tables_say_to_run_dibs_init(empty_url: sa.URL) -> None:
-    database = QueueDatabase(empty_url)
-    try:
-        app = database.app()
+def test_periodic_calls_on_a_database_without_the_tables_say_to_run_dibs_init(empty_db: QueueDatabase) -> None:
+    app = empty_db.app()
 
-        @app.periodic(every=timedelta(minutes=5), name="tick")
-        @app.task(name="work.tick")
-        def tick() -> None: ...
+    @app.periodic(every=timedelta(minutes=5), name="tick")
+    @app.task(name="work.tick")
+    def tick() -> None: ...
 
-        for call in (app.periodic_status, app.enqueue_periodic, app.sync_periodic):
-            with pytest.raises(dibs.SchemaMissing, match=r"run `dibs --db URL init`"):
-                call()
-    finally:
-        database.close()
+    for call in (app.periodic_status, app.enqueue_periodic, app.sync_periodic):
+        with pytest.raises(dibs.SchemaMissing, match=r"run `dibs --db URL init`"):
+            call()

@@ -19,7 +19,7 @@ import pytest
 import dibs
 from dibs.schema import jobs
 from tests.helpers import wait_until
-from tests.queue.conftest import QueueDatabase
+from tests.queue.database import QueueDatabase
 from tests.queue.support import job_rows, run_events, runs
 from tests.queue.worker_process import build_app
 

@@ -7,7 +7,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from datetime import timedelta, timezone
 
 import pytest
@@ -17,19 +16,10 @@ from sqlalchemy.engine import Connection
 import dibs
 from dibs.schema import LATEST, MIGRATIONS, Migration, current_version, require_current
 from tests.helpers import wait_until
-from tests.queue.conftest import QueueDatabase
+from tests.queue.database import QueueDatabase
 from tests.queue.support import database_now, job_rows
 
 # -- migrations ----------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def empty_db(empty_url: sa.URL) -> Iterator[QueueDatabase]:
-    database = QueueDatabase(empty_url)
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 #: Every version this dibs has, in order.

@@ -6,7 +6,7 @@ import threading
 import time
 
 from dibs.queue.enqueue import CHANNEL
-from tests.queue.conftest import QueueDatabase
+from tests.queue.database import QueueDatabase
 
 
 def test_an_idle_worker_starts_a_new_job_promptly(qdb: QueueDatabase) -> None:
