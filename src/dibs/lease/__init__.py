@@ -14,7 +14,8 @@ leases), ``aio`` (the asyncio forms), ``leases`` (the assembled :class:`Leases`)
 from dibs._checks import OWNER_LIMIT
 from dibs.lease.claimer import Claimer
 from dibs.lease.leases import Leases
-from dibs.lease.value import Duration, Lease, _seconds, lease_columns
+from dibs.lease.value import Duration, Lease, lease_columns
+from dibs.lease.value import _seconds as _seconds  # due.py checks its durations with it
 from dibs.lease.writes import WRITE_CHUNK
 
-__all__ = ["OWNER_LIMIT", "WRITE_CHUNK", "Claimer", "Duration", "Lease", "Leases", "_seconds", "lease_columns"]
+__all__ = ["OWNER_LIMIT", "WRITE_CHUNK", "Claimer", "Duration", "Lease", "Leases", "lease_columns"]
