@@ -7,7 +7,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from tests.conformance.test_lease import make_leased
+from tests.conformance.tables import make_leased
 from tests.helpers.harness import Harness
 
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 import dibs
+from tests.helpers.processes import ROOT
 from tests.queue.support import FAST, WorkerThread, family_of
 
 
@@ -49,3 +54,10 @@ class QueueDatabase:
             running.stop()
         for engine in self._engines:
             engine.dispose()
+
+
+def start_worker(qdb: QueueDatabase, spawned: list[subprocess.Popen[bytes]], log: Path, *options: str) -> None:
+    command = [sys.executable, "-m", "tests.queue.worker_process", qdb.url.render_as_string(False), *options]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    with log.open("wb") as output:
+        spawned.append(subprocess.Popen(command, cwd=ROOT, env=environment, stdout=output, stderr=subprocess.STDOUT))

@@ -42,7 +42,9 @@ def is_conftest(name: str) -> bool:
 
 
 def is_test_module(name: str) -> bool:
-    return name.rsplit(".", 1)[-1].startswith("test_")
+    """Whether ``name`` is a test module of the suite (not a name inside a module that starts with test_)."""
+    last = name.rsplit(".", 1)[-1]
+    return last.startswith("test_") and TESTS.parent.joinpath(*name.split(".")).with_suffix(".py").exists()
 
 
 def test_no_module_imports_a_conftest() -> None:
@@ -62,6 +64,17 @@ def test_no_conftest_imports_a_test_module() -> None:
         if path.name == "conftest.py"
         for name in imported(path)
         if name.startswith("tests.") and is_test_module(name)
+    ]
+    assert found == []
+
+
+def test_no_module_imports_a_test_module() -> None:
+    # What two test modules share lives in a support module of their directory or in tests/helpers.
+    found = [
+        f"{module_name(path)} imports {name}"
+        for path in python_files()
+        for name in imported(path)
+        if name.startswith("tests.") and is_test_module(name) and name != module_name(path)
     ]
     assert found == []
 
