@@ -9,7 +9,10 @@ saying what to change, and a caller's transaction stays usable.
 from __future__ import annotations
 
 import operator
+import os
 import re
+import socket
+import uuid
 from datetime import datetime, timedelta, timezone
 
 from dibs._errors import InvalidArgument
@@ -28,6 +31,39 @@ EARLIEST = datetime(1970, 1, 1, tzinfo=timezone.utc)
 LATEST = datetime(9999, 1, 1, tzinfo=timezone.utc)
 #: The most rows one call claims, lists or handles at once: what a 32-bit LIMIT parameter holds.
 MOST_ROWS = 2**31 - 1
+#: The longest lease owner (a worker's, relay's or runner's name): the size of the owner column.
+OWNER_LIMIT = 200
+#: The most characters of an error kept on a row (a job's or an event's last error): MySQL's TEXT holds 64 KiB.
+ERROR_LIMIT = 60_000
+
+
+def default_owner() -> str:
+    """A lease owner name unique to this process and call: ``host:pid:random``."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def checked_owner(value: object, what: str = "owner (the name of the worker)") -> str:
+    """``value`` if it is a lease owner's name of 1 to :data:`OWNER_LIMIT` characters; InvalidArgument otherwise."""
+    return checked_text(value, what, OWNER_LIMIT)
+
+
+def checked_integer(value: object, what: str, low: int, high: int | None = None) -> int:
+    """``value`` if it is an int (not a bool) from ``low`` to ``high`` (None: no upper bound); InvalidArgument
+    otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        wanted = f"from {low:,} to {high:,}" if high is not None else f">= {low:,}"
+        raise InvalidArgument(f"{what} must be a whole number {wanted}, got {value!r}")
+    return value
+
+
+def checked_number(value: object, what: str, low: float, high: float, *, high_included: bool = True) -> float:
+    """``value`` if it is an int or float (not a bool, not NaN) from ``low`` to ``high``; InvalidArgument
+    otherwise."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value
+    if not ok or not (value <= high if high_included else value < high):  # type: ignore[operator]
+        upper = "at most" if high_included else "below"
+        raise InvalidArgument(f"{what} must be a number from {low} to {upper} {high}, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
 
 
 def checked_name(value: object, what: str, limit: int = 100) -> str:
@@ -95,6 +131,18 @@ def checked_count(value: object, what: str, minimum: int | None = 1) -> int:
     if minimum is not None and number < minimum:
         raise InvalidArgument(f"{what} must be a whole number >= {minimum}, got {number!r}")
     return number
+
+
+def checked_attempts(value: object, what: str = "max_attempts") -> int:
+    """A number of attempts: a whole number from 1 to :data:`MOST_ROWS`; InvalidArgument otherwise."""
+    if not isinstance(value, int):
+        raise InvalidArgument(f"{what} must be a whole number >= 1, got {value!r}")
+    return checked_count(value, what)
+
+
+def checked_priority(value: object) -> int:
+    """A job's priority: a whole number from -1,000,000 to 1,000,000; InvalidArgument otherwise."""
+    return checked_integer(value, "priority", -1_000_000, 1_000_000)
 
 
 def _shown(value: object) -> str:

@@ -78,6 +78,13 @@ class LeaseLost(DibsError):
     """A write presented a lease that is no longer held: it was taken over, released or finished.
 
     The write changed nothing. The holder must stop working on the row: another worker owns it now.
+
+    Args:
+        message: What was lost and what to do.
+        leases: The leases that were lost.
+
+    Attributes:
+        leases: The leases that were lost, as :class:`~dibs.Lease` values.
     """
 
     def __init__(self, message: str, *, leases: tuple[Any, ...] = ()) -> None:

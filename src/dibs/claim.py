@@ -40,7 +40,44 @@ def claim(
     then: Then | None = None,
     strategy: str | None = None,
 ) -> list[Row[Any]]:
-    """Claim up to ``limit`` rows of ``table`` matching ``where``; no row is ever returned to two callers."""
+    """Claim up to ``limit`` rows of ``table`` matching ``where``; no row is ever returned to two callers.
+
+    The claim commits before it returns, so every other worker sees it at once; a row another caller is
+    claiming at the same moment is skipped, not waited for.
+
+    Args:
+        bind: An Engine, or a Connection with no transaction open (the claim commits on its own).
+        table: A SQLAlchemy Table, or an ORM mapped class, with a primary key.
+        where: The rows that may be claimed: a boolean SQL expression, a list of them (all must hold), or
+            None for every row.
+        set: What the claim changes: a mapping of column (or column name) to a value or a SQL expression
+            (``table.c.attempts + 1``, the database clock). Required unless ``delete``, refused with it.
+        limit: The most rows to claim; a limit of 0 or less claims nothing. Never more are claimed,
+            whatever the contention.
+        order_by: Which rows to claim first, and the order of the returned rows: columns, column names or
+            SQL expressions (``table.c.created_at.desc()``).
+        delete: Claim by deleting the rows (a consume-once table); they come back as they were.
+        then: A function ``then(conn, rows)`` run inside the claim's transaction after the rows are
+            claimed, to write more in the same commit; if it raises, nothing is claimed.
+        strategy: A claim strategy by name (such as ``"portable"``); None for the database's native one.
+
+    Returns:
+        The claimed rows as stored after ``set`` (as they were, with ``delete``), in ``order_by`` order.
+
+    Raises:
+        InTransaction: ``bind`` is a Connection inside a transaction; nothing was written.
+        InvalidArgument: A bad argument (no set and no delete, or both; a column not in the table; a limit
+            that is not a whole number).
+        Busy: SQLite stayed locked by another writer past its busy timeout; nothing was claimed.
+
+    Example:
+        >>> rows = dibs.claim(
+        ...     engine, tasks,
+        ...     where=tasks.c.status == "ready",
+        ...     set={tasks.c.status: "running"},
+        ...     limit=100, order_by=[tasks.c.id],
+        ... )
+    """
     request = claim_request(table, where=where, values=set, limit=limit, order_by=order_by, delete=delete, then=then)
     return run_claim(bind, request, strategy)
 
@@ -73,10 +110,37 @@ async def aclaim(
     then: Then | None = None,
     strategy: str | None = None,
 ) -> list[Row[Any]]:
-    """claim() for asyncio: the same statements and guarantees on an AsyncEngine or AsyncConnection.
+    """:func:`claim` for asyncio: the same statements and guarantees on an AsyncEngine or AsyncConnection.
 
-    ``then`` is a plain function here too: it runs inside the claim's transaction with the synchronous
-    face of the connection, so it can execute statements without awaiting.
+    Args:
+        bind: An AsyncEngine, or an AsyncConnection with no transaction open.
+        table: A SQLAlchemy Table, or an ORM mapped class, with a primary key.
+        where: The rows that may be claimed: a boolean SQL expression, a list of them (all must hold), or
+            None for every row.
+        set: What the claim changes: a mapping of column (or column name) to a value or a SQL expression
+            (``table.c.attempts + 1``, the database clock). Required unless ``delete``, refused with it.
+        limit: The most rows to claim; a limit of 0 or less claims nothing. Never more are claimed,
+            whatever the contention.
+        order_by: Which rows to claim first, and the order of the returned rows: columns, column names or
+            SQL expressions (``table.c.created_at.desc()``).
+        delete: Claim by deleting the rows (a consume-once table); they come back as they were.
+        then: A function ``then(conn, rows)`` run inside the claim's transaction after the rows are
+            claimed, to write more in the same commit; if it raises, nothing is claimed.
+            It is a plain function here too: it gets the synchronous face of the connection, so it
+            executes statements without awaiting.
+        strategy: A claim strategy by name (such as ``"portable"``); None for the database's native one.
+
+    Returns:
+        The claimed rows as stored after ``set``, in ``order_by`` order.
+
+    Raises:
+        InTransaction: ``bind`` is an AsyncConnection inside a transaction; nothing was written.
+        InvalidArgument: A bad argument.
+        Busy: SQLite stayed locked by another writer past its busy timeout; nothing was claimed.
+
+    Example:
+        >>> rows = await dibs.aclaim(async_engine, tasks, where=tasks.c.status == "ready",
+        ...                          set={tasks.c.status: "running"}, limit=10)
     """
     request = claim_request(table, where=where, values=set, limit=limit, order_by=order_by, delete=delete, then=then)
     return await arun_claim(bind, request, strategy)

@@ -130,19 +130,10 @@ def work(url: str, log_dir: str, worker: int) -> None:
 def run_demo(db: str | None, jobs: int, workers: int, kill: bool, out: Callable[[str], None] | None = None) -> bool:
     """Run the demo; True when every check held."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
 
     console = Console(highlight=False)
     path = Path(db or "dibs-demo.sqlite").resolve()
-    for stale in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
-        stale.unlink(missing_ok=True)
-    url = f"sqlite:///{path}"
-    log_dir = path.with_name(path.stem + "-logs")
-    log_dir.mkdir(exist_ok=True)
-    for old in [*log_dir.glob("*.jsonl"), *log_dir.glob("*.log")]:
-        old.unlink()
-
+    url, log_dir = _fresh_database(path)
     app = make_app(url)
     app.init()
     counts = enqueue_workload(app, jobs)
@@ -157,8 +148,38 @@ def run_demo(db: str | None, jobs: int, workers: int, kill: bool, out: Callable[
     processes = [context.Process(target=work, args=(url, str(log_dir), n)) for n in range(workers)]
     for process in processes:
         process.start()
-    killed: int | None = None
     started = time.monotonic()
+    killed = _drain_with_progress(console, app, processes, total, kill)
+    elapsed = time.monotonic() - started
+    for process in processes:
+        process.join()
+    ok = _report(console, _check(app, log_dir, killed))
+    console.print(f"Drained {total:,} jobs in {elapsed:.1f} s with {workers} workers.")
+    console.print(
+        "[bold green]Every job reached a final state; none was lost and none ran twice at once.[/]"
+        if ok
+        else "[bold red]A check failed: see above.[/]"
+    )
+    console.print(f"Look around: DIBS_DATABASE_URL={url} dibs status   (logs of every run: {log_dir})")
+    return ok
+
+
+def _fresh_database(path: Path) -> tuple[str, Path]:
+    """The demo's SQLite URL and log directory, with what an earlier run left removed."""
+    for stale in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        stale.unlink(missing_ok=True)
+    log_dir = path.with_name(path.stem + "-logs")
+    log_dir.mkdir(exist_ok=True)
+    for old in [*log_dir.glob("*.jsonl"), *log_dir.glob("*.log")]:
+        old.unlink()
+    return f"sqlite:///{path}", log_dir
+
+
+def _drain_with_progress(console: Any, app: dibs.App, processes: list[Any], total: int, kill: bool) -> int | None:
+    """Show progress until every worker process ends, killing one mid-run if asked; returns its number."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    killed: int | None = None
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=False) as progress:
         bar = progress.add_task("draining", total=total)
@@ -171,9 +192,9 @@ def run_demo(db: str | None, jobs: int, workers: int, kill: bool, out: Callable[
                 description=f"running {state['running']:>3}  queued {state['queued']:>5}  "
                 f"waiting {state['scheduled']:>3}  dead {state['dead']:>3}",
             )
-            if kill and killed is None and workers > 1 and finished > total * 0.3 and processes[-1].is_alive():
-                assert processes[-1].pid is not None
-                os.kill(processes[-1].pid, signal.SIGKILL)
+            last = processes[-1]
+            if kill and killed is None and len(processes) > 1 and finished > total * 0.3 and last.is_alive():
+                os.kill(last.pid, signal.SIGKILL)
                 killed = len(processes) - 1
                 progress.console.print(
                     f"[red]killed worker {killed} (SIGKILL) mid-batch[/]: its jobs come back when their "
@@ -182,28 +203,22 @@ def run_demo(db: str | None, jobs: int, workers: int, kill: bool, out: Callable[
             time.sleep(0.2)
         state = _states(app)
         progress.update(bar, completed=state["succeeded"] + state["dead"] + state["cancelled"])
-    elapsed = time.monotonic() - started
-    for process in processes:
-        process.join()
+    return killed
 
-    checks = _check(app, log_dir, killed)
+
+def _report(console: Any, checks: dict[str, Any]) -> bool:
+    """Print the table per kind of job and the checks' findings; True when every check held."""
+    from rich.table import Table
+
     table = Table(title="What happened to each kind of job")
     for column in ("task", "jobs", "succeeded", "after a retry", "dead letters", "runs"):
         table.add_column(column, justify="left" if column == "task" else "right")
     for task, row in sorted(checks["per_task"].items()):
         table.add_row(task, *(f"{row[key]:,}" for key in ("jobs", "succeeded", "retried", "dead", "runs")))
     console.print(table)
-    ok = bool(checks["ok"])
     for line in checks["lines"]:
         console.print(line)
-    console.print(f"Drained {total:,} jobs in {elapsed:.1f} s with {workers} workers.")
-    console.print(
-        "[bold green]Every job reached a final state; none was lost and none ran twice at once.[/]"
-        if ok
-        else "[bold red]A check failed: see above.[/]"
-    )
-    console.print(f"Look around: DIBS_DATABASE_URL={url} dibs status   (logs of every run: {log_dir})")
-    return ok
+    return bool(checks["ok"])
 
 
 def _states(app: dibs.App) -> Counter[str]:
@@ -216,6 +231,40 @@ def _states(app: dibs.App) -> Counter[str]:
 def _check(app: dibs.App, log_dir: Path, killed: int | None) -> dict[str, Any]:
     """Check the outcome from the jobs table and the workers' logs."""
     jobs = {job.id: job for job in app.jobs(limit=1_000_000)}
+    runs, cut_short_runs = _runs(log_dir)
+    cut_short = Counter(worker for _, _, worker in cut_short_runs)
+    lines: list[str] = []
+    unfinished = [job.id for job in jobs.values() if job.status not in ("succeeded", "dead", "cancelled")]
+    if unfinished:
+        lines.append(f"[red]{len(unfinished)} jobs did not reach a final state: {unfinished[:10]}[/]")
+    overlaps = 0
+    for job_runs in runs.values():
+        ordered = sorted(job_runs, key=lambda run: run["t"])
+        overlaps += sum(1 for a, b in itertools.pairwise(ordered) if b["t"] < a["end"])
+    lines.append(f"Runs of one job that overlapped in time: {overlaps}.")
+    early = [job.id for job in jobs.values() if job.started_at is not None and job.started_at < job.run_at]
+    reports = [job for job in jobs.values() if job.task == "daily_report"]
+    lines.append(
+        f"Scheduled reports: {len(reports)}, started before their time: {len(early)} (checked on the database clock)."
+    )
+    out_of_order, customers = _charges_out_of_order(runs)
+    lines.append(f"Customers whose charges ran out of order or two at once: {out_of_order} of {customers}.")
+    if killed is not None:
+        lines.append(
+            f"Worker {killed} was killed in the middle of {cut_short.get(killed, 0)} jobs; "
+            "each of them ran again on another worker after its lease expired."
+        )
+    dead = [job for job in jobs.values() if job.status == "dead"]
+    if dead:
+        first = (dead[0].last_error or "").splitlines()[0]
+        lines.append(f"Dead letters keep their last error and traceback, e.g. job {dead[0].id}: {first}")
+    ok = not unfinished and not overlaps and not early and not out_of_order
+    return {"ok": ok, "lines": lines, "per_task": _per_task(jobs, runs, cut_short_runs)}
+
+
+def _runs(log_dir: Path) -> tuple[dict[int, list[dict[str, Any]]], dict[tuple[int, int, int], dict[str, Any]]]:
+    """From the workers' logs: the finished runs of each job, and the starts of runs never finished (by job,
+    attempt and worker)."""
     runs: dict[int, list[dict[str, Any]]] = defaultdict(list)
     starts: dict[tuple[int, int, int], dict[str, Any]] = {}
     for log in log_dir.glob("*.jsonl"):
@@ -226,57 +275,38 @@ def _check(app: dibs.App, log_dir: Path, killed: int | None) -> dict[str, Any]:
                 starts[run_key] = entry
             else:
                 runs[entry["job"]].append({**starts.pop(run_key), "end": entry["t"], "failed": entry.get("failed")})
-    cut_short = Counter(entry["worker"] for entry in starts.values())
-    lines: list[str] = []
-    ok = True
+    return runs, starts
+
+
+def _per_task(
+    jobs: dict[int, Any], runs: dict[int, list[dict[str, Any]]], cut_short: dict[tuple[int, int, int], Any]
+) -> dict[str, Counter[str]]:
+    """Per task: jobs, runs (finished or cut short), succeeded, succeeded after a retry, dead."""
     per_task: dict[str, Counter[str]] = defaultdict(Counter)
     for job in jobs.values():
         row = per_task[job.task]
         row["jobs"] += 1
-        row["runs"] += len(runs[job.id]) + sum(1 for key in starts if key[0] == job.id)
+        row["runs"] += len(runs.get(job.id, ())) + sum(1 for key in cut_short if key[0] == job.id)
         row["succeeded"] += job.status == "succeeded"
         row["dead"] += job.status == "dead"
         row["retried"] += job.status == "succeeded" and job.attempts > 1
-    unfinished = [job.id for job in jobs.values() if job.status not in ("succeeded", "dead", "cancelled")]
-    if unfinished:
-        ok = False
-        lines.append(f"[red]{len(unfinished)} jobs did not reach a final state: {unfinished[:10]}[/]")
-    overlaps = 0
-    for job_runs in runs.values():
-        ordered = sorted(job_runs, key=lambda run: run["t"])
-        overlaps += sum(1 for a, b in itertools.pairwise(ordered) if b["t"] < a["end"])
-    if overlaps:
-        ok = False
-    lines.append(f"Runs of one job that overlapped in time: {overlaps}.")
-    early = [job.id for job in jobs.values() if job.started_at is not None and job.started_at < job.run_at]
-    reports = [job for job in jobs.values() if job.task == "daily_report"]
-    lines.append(
-        f"Scheduled reports: {len(reports)}, started before their time: {len(early)} (checked on the database clock)."
-    )
-    ok = ok and not early
-    out_of_order = 0
+    return per_task
+
+
+def _charges_out_of_order(runs: dict[int, list[dict[str, Any]]]) -> tuple[int, int]:
+    """How many customers' charges ran out of order or two at once, and how many customers there were."""
     charges: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for job_runs in runs.values():
         for run in job_runs:
             if run["task"] == "charge":
                 charges[run["key"]].append(run)
+    out_of_order = 0
     for key_runs in charges.values():
         key_runs.sort(key=lambda run: run["t"])
         seqs = [run["seq"] for run in key_runs]
         out_of_order += seqs != sorted(seqs)
         out_of_order += sum(1 for a, b in itertools.pairwise(key_runs) if b["t"] < a["end"])
-    lines.append(f"Customers whose charges ran out of order or two at once: {out_of_order} of {len(charges)}.")
-    ok = ok and not out_of_order
-    if killed is not None:
-        lines.append(
-            f"Worker {killed} was killed in the middle of {cut_short.get(killed, 0)} jobs; "
-            "each of them ran again on another worker after its lease expired."
-        )
-    dead = [job for job in jobs.values() if job.status == "dead"]
-    if dead:
-        first = (dead[0].last_error or "").splitlines()[0]
-        lines.append(f"Dead letters keep their last error and traceback, e.g. job {dead[0].id}: {first}")
-    return {"ok": ok, "lines": lines, "per_task": per_task}
+    return out_of_order, len(charges)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,22 @@ def database_url(db: str | None = None) -> str:
 
 
 def create_engine(url: str | sa.URL, **options: Any) -> Engine:
-    """A SQLAlchemy Engine for ``url``, tuned for claiming (on SQLite: WAL, a busy timeout)."""
+    """A SQLAlchemy Engine for ``url``, tuned for claiming (on SQLite: WAL, a busy timeout).
+
+    Args:
+        url: A database URL, such as ``postgresql+psycopg://localhost/shop`` or ``sqlite:///jobs.sqlite``.
+        **options: More options for :func:`sqlalchemy.create_engine`.
+
+    Returns:
+        The Engine; nothing is connected to yet.
+
+    Raises:
+        InvalidArgument: The URL names an unknown kind of database, a driver that is not installed, or
+            an SQLite file in a directory that does not exist.
+
+    Example:
+        >>> engine = dibs.create_engine("sqlite:///jobs.sqlite")
+    """
     checked = checked_url(url)
     _check_sqlite_directory(checked)
     try:
@@ -40,7 +55,18 @@ def create_engine(url: str | sa.URL, **options: Any) -> Engine:
 
 
 def create_async_engine(url: str | sa.URL, **options: Any) -> AsyncEngine:
-    """An asyncio Engine for ``url`` (an async driver, such as postgresql+psycopg or sqlite+aiosqlite)."""
+    """An asyncio Engine for ``url``, tuned for claiming as :func:`create_engine` is.
+
+    Args:
+        url: A database URL with an async driver, such as ``postgresql+psycopg`` or ``sqlite+aiosqlite``.
+        **options: More options for :func:`sqlalchemy.ext.asyncio.create_async_engine`.
+
+    Returns:
+        The AsyncEngine; nothing is connected to yet.
+
+    Raises:
+        InvalidArgument: The URL names an unknown kind of database or a driver that is not installed.
+    """
     from sqlalchemy.ext.asyncio import create_async_engine as create
 
     checked = _parsed(url)

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any, Protocol
 
+from dibs._checks import checked_integer
 from dibs._errors import InvalidArgument
 
 #: Where metrics are served unless asked otherwise: this machine only.
@@ -45,10 +46,9 @@ def _prometheus() -> ModuleType:
 
 def checked_metrics_port(port: object) -> int:
     """A TCP port to serve metrics on, once the package that serves them is known to be installed."""
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65_535:
-        raise InvalidArgument(f"metrics_port must be a TCP port from 0 to 65535, got {port!r}")
+    checked = checked_integer(port, "metrics_port (a TCP port)", 0, 65_535)
     _prometheus()
-    return port
+    return checked
 
 
 class Metrics:

@@ -7,7 +7,7 @@ import random
 from dataclasses import dataclass
 from datetime import timedelta
 
-from dibs._checks import checked_seconds
+from dibs._checks import checked_number, checked_seconds
 from dibs._errors import InvalidArgument
 
 
@@ -16,7 +16,22 @@ class Retry:
     """Retry after ``base * factor ** (attempt - 1)`` seconds, at most ``cap``, spread by +/- ``jitter``.
 
     Only exceptions that are instances of ``on`` are retried; any other goes straight to the dead
-    letters. ``Retry(on=(TimeoutError, ConnectionError))`` retries network trouble and nothing else.
+    letters.
+
+    Attributes:
+        base: Seconds before the first retry.
+        factor: What each further delay is multiplied by (1 for a constant delay).
+        cap: The longest delay, in seconds.
+        jitter: The fraction (0 to 1) by which each delay is spread at random, so that jobs that failed
+            together do not all retry at the same moment.
+        on: The exception classes to retry.
+
+    Raises:
+        InvalidArgument: A negative or too long delay, a factor below 0, a jitter outside 0 to 1, or an
+            ``on`` that is not a tuple of exception classes.
+
+    Example:
+        >>> dibs.Retry(base=2, cap=600, on=(TimeoutError, ConnectionError))  # network trouble only
     """
 
     base: float = 1.0
@@ -28,22 +43,33 @@ class Retry:
     def __post_init__(self) -> None:
         for name in ("base", "cap"):
             checked_seconds(getattr(self, name), f"Retry({name}=)", zero=True)
-        factor = self.factor
-        if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 <= factor < math.inf:
-            raise InvalidArgument(f"Retry(factor=) must be a number >= 0, got {factor!r}")
-        if not isinstance(self.jitter, (int, float)) or not 0 <= self.jitter <= 1:
-            raise InvalidArgument(f"Retry(jitter=) must be a fraction between 0 and 1, got {self.jitter!r}")
+        checked_number(self.factor, "Retry(factor=)", 0, math.inf, high_included=False)
+        checked_number(self.jitter, "Retry(jitter=) (a fraction)", 0, 1)
         if not isinstance(self.on, tuple) or not all(
             isinstance(kind, type) and issubclass(kind, BaseException) for kind in self.on
         ):
             raise InvalidArgument(f"Retry(on=) must be a tuple of exception classes, got {self.on!r}")
 
     def retries(self, error: BaseException) -> bool:
-        """Whether this error is one to retry."""
+        """Whether this error is one to retry.
+
+        Args:
+            error: What the run raised.
+
+        Returns:
+            True when it is an instance of one of ``on``.
+        """
         return isinstance(error, self.on)
 
     def delay(self, attempt: int) -> timedelta:
-        """How long to wait before attempt ``attempt + 1``, after ``attempt`` attempts failed."""
+        """How long to wait before attempt ``attempt + 1``, after ``attempt`` attempts failed.
+
+        Args:
+            attempt: How many attempts have failed.
+
+        Returns:
+            The delay, jitter applied.
+        """
         try:
             seconds = min(self.cap, self.base * self.factor ** max(attempt - 1, 0))
         except OverflowError:  # the backoff outgrew a float long before: it is the cap

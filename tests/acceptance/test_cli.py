@@ -5,30 +5,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
-DIBS = str(Path(sys.executable).with_name("dibs"))
-APP = "tests.acceptance.cli_app:app"
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def dibs(database: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DIBS_DATABASE_URL": database, "DIBS_CLI_TEST_OUT": str(tmp_path / "out.txt")}
-    return subprocess.run(
-        [DIBS, *args],
-        capture_output=True,
-        stdin=subprocess.DEVNULL,  # as from a script: no terminal to ask on
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-        env={**env, "COLUMNS": "200"},
-    )
+from tests.acceptance.cli import APP, DIBS, ROOT, dibs
 
 
 def test_init_enqueue_work_and_inspect(database: str, tmp_path: Path) -> None:

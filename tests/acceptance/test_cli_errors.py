@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.acceptance.test_cli import APP, DIBS, ROOT
+from tests.acceptance.cli import APP, DIBS, ROOT
 
 MISSING_APP = "tests.acceptance.no_such_module:app"
 

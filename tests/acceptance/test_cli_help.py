@@ -12,7 +12,7 @@ import pytest
 
 import dibs
 from dibs.cli.group import command
-from tests.acceptance.test_cli import DIBS, ROOT
+from tests.acceptance.cli import DIBS, ROOT
 
 #: reST roles (:class:`x`), inline literals (``x``) and references (`x`_), none of which a terminal renders.
 MARKUP = re.compile(r"``|:[a-z]+:`|`_\b|`[^`\s]+`_")

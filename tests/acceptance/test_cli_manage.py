@@ -17,9 +17,8 @@ import sqlalchemy as sa
 
 from dibs import Outbox
 from dibs.schema import jobs, outbox
-from tests.acceptance.test_cli import APP, DIBS
-from tests.acceptance.test_cli import dibs as run
-from tests.acceptance.test_cli_outbox import add_events
+from tests.acceptance.cli import APP, DIBS, add_events
+from tests.acceptance.cli import dibs as run
 
 
 def states(database: str, table: str) -> dict[str, int]:

@@ -16,9 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from dibs import Outbox
-from tests.acceptance.test_cli import DIBS, ROOT
-from tests.acceptance.test_cli import dibs as run
+from tests.acceptance.cli import DIBS, ROOT, add_events
+from tests.acceptance.cli import dibs as run
 from tests.outbox.brokers import REDIS_URL
 
 
@@ -56,26 +55,6 @@ def refusing_webhook() -> Iterator[str]:
     yield f"http://127.0.0.1:{port}/events"
     server.terminate()
     server.wait(10)
-
-
-def add_events(database: str, count: int) -> list[int]:
-    outbox = Outbox(database)
-    try:
-        with outbox.engine.begin() as conn:
-            return outbox.add_many(
-                conn,
-                [
-                    {
-                        "aggregate_type": "order",
-                        "aggregate_id": n % 3,
-                        "event_type": "order.placed",
-                        "payload": {"n": n},
-                    }
-                    for n in range(count)
-                ],
-            )
-    finally:
-        outbox.engine.dispose()
 
 
 def test_relay_inspect_requeue_and_purge(database: str, tmp_path: Path, stream: str, refusing_webhook: str) -> None:

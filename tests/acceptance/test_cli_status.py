@@ -6,7 +6,7 @@ import threading
 from pathlib import Path
 
 import dibs
-from tests.acceptance.test_cli import dibs as run_dibs
+from tests.acceptance.cli import dibs as run_dibs
 from tests.helpers import wait_until
 from tests.queue.support import WorkerThread
 

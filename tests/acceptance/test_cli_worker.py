@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.acceptance.test_cli import APP, DIBS, ROOT
-from tests.acceptance.test_cli import dibs as run
-from tests.queue.test_schema import answers, free_port, outward_address
+from tests.acceptance.cli import APP, DIBS, ROOT
+from tests.acceptance.cli import dibs as run
+from tests.helpers.network import answers, free_port, outward_address
 
 #: An app that names its database itself, as many do: dibs.App(url).
 OWN_APP = """

@@ -228,7 +228,7 @@ def kill_connections(fleet: Fleet) -> int:
 
 def fleet_for(url: sa.URL, tmp_path: Path) -> Iterator[Fleet]:
     """The body of a ``fleet`` fixture: worker processes on a fresh queue schema of one backend, from the
-    ``queue_url`` fixture of tests/queue/conftest.py (import it into the test module, with ``empty_url``)."""
+    ``queue_url`` fixture of the suite's fixtures plugin (tests/helpers/fixtures.py)."""
     running = Fleet(url, tmp_path / "history")
     try:
         yield running

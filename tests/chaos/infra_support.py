@@ -14,8 +14,8 @@ from sqlalchemy.engine import Engine
 from tests.chaos.history import Report, check_jobs, load, read_jobs
 from tests.chaos.servers import ServerUnavailable, ThrowawayMariaDB, ThrowawayPostgres
 from tests.helpers import wait_until
-from tests.processes import ScriptProcess
-from tests.targets import IN_CI
+from tests.helpers.processes import ScriptProcess
+from tests.helpers.targets import IN_CI
 
 
 class WorkerProcess(ScriptProcess):

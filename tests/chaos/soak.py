@@ -30,7 +30,7 @@ import sqlalchemy as sa
 import dibs
 from tests.chaos.fleet import Fleet, WorkerProcess, kill_connections
 from tests.chaos.worker_process import POINTS
-from tests.targets import MARIADB_URL, POSTGRES_URL, with_driver
+from tests.helpers.targets import MARIADB_URL, POSTGRES_URL, with_driver
 
 DIE_AT = "after-claim:0.02,mid-handler:0.005,before-complete:0.02"
 BACKLOG = 300

@@ -26,9 +26,9 @@ from dibs.dialects import backend_for
 from dibs.schema import jobs
 from dibs.schema import outbox as outbox_table
 from tests.helpers import BACKENDS, wait_until
-from tests.queue.conftest import QueueDatabase
-from tests.queue.support import SYNC_DRIVERS, drop_everything, job_count, job_rows, orders, test_metadata
-from tests.targets import database_url
+from tests.helpers.targets import SYNC_DRIVERS, database_url
+from tests.queue.database import QueueDatabase
+from tests.queue.support import drop_everything, job_count, job_rows, orders, test_metadata
 
 DIBS = str(Path(sys.executable).with_name("dibs"))
 ROOT = Path(__file__).resolve().parents[2]

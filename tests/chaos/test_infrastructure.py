@@ -41,8 +41,8 @@ from tests.chaos.infra_support import (
 from tests.chaos.recording import KEYED, WORK, count_completions, enqueue, recording_app, terminal_count, workload
 from tests.chaos.servers import ThrowawayMariaDB, ThrowawayPostgres
 from tests.helpers import BACKENDS, wait_until
-from tests.queue.support import SYNC_DRIVERS, WorkerThread, drop_everything
-from tests.targets import database_url
+from tests.helpers.targets import SYNC_DRIVERS, database_url
+from tests.queue.support import WorkerThread, drop_everything
 
 
 @pytest.fixture

@@ -13,14 +13,13 @@ import sqlalchemy as sa
 
 from tests.chaos.fleet import Fleet, fleet_for, kill_connections
 from tests.chaos.history import Event
-from tests.queue.conftest import empty_url, queue_url  # noqa: F401 - fixtures
 
 #: Self-inflicted kills: after a claim, half way through a job, between a job's return and its completion.
 DIE_AT = "after-claim:0.04,mid-handler:0.01,before-complete:0.04"
 
 
 @pytest.fixture
-def fleet(queue_url: sa.URL, tmp_path: Path) -> Iterator[Fleet]:  # noqa: F811 - the imported fixture
+def fleet(queue_url: sa.URL, tmp_path: Path) -> Iterator[Fleet]:
     yield from fleet_for(queue_url, tmp_path)
 
 

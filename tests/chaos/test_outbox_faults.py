@@ -27,7 +27,6 @@ from dibs.schema import PUBLISHED
 from dibs.schema import outbox as outbox_table
 from tests.chaos.infra_support import start_throwaway
 from tests.helpers import wait_until
-from tests.outbox.conftest import odb, outbox_url, redis_prefix, redis_url  # noqa: F401 - fixtures
 from tests.outbox.support import (
     OutboxDatabase,
     RelayProcess,
@@ -68,9 +67,9 @@ def first_deliveries_in_order(seen: list[int]) -> list[int]:
 
 
 def test_relays_killed_between_publish_and_mark_lose_nothing_and_duplicate_only_their_batch(
-    odb: OutboxDatabase,  # noqa: F811
-    redis_url: str,  # noqa: F811
-    redis_prefix: str,  # noqa: F811
+    odb: OutboxDatabase,
+    redis_url: str,
+    redis_prefix: str,
     relays: list[RelayProcess],
     tmp_path: Path,
 ) -> None:
@@ -196,8 +195,8 @@ def test_relays_killed_between_publish_and_mark_lose_nothing_and_duplicate_only_
 def test_relays_ride_out_database_restarts_and_keep_each_aggregate_in_order(
     request: pytest.FixtureRequest,
     family: str,
-    redis_url: str,  # noqa: F811
-    redis_prefix: str,  # noqa: F811
+    redis_url: str,
+    redis_prefix: str,
     relays: list[RelayProcess],
     tmp_path: Path,
 ) -> None:

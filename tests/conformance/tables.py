@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import sqlalchemy as sa
 
 import dibs
+
+if TYPE_CHECKING:
+    from tests.helpers.harness import Harness
 
 
 def work_columns() -> list[Any]:
@@ -36,3 +39,9 @@ def fill(table: sa.Table, count: int, **values: Any) -> list[dict[str, Any]]:
         {"id": i, **{name: value(i) if callable(value) else value for name, value in values.items()}}
         for i in range(1, count + 1)
     ]
+
+
+def make_leased(db: Harness, count: int) -> tuple[sa.Table, dibs.Leases]:
+    table = db.table("leased", *leased_columns())
+    db.execute(table.insert(), fill(table, count, payload=lambda i: f"p{i}"))
+    return table, db.leases(table)

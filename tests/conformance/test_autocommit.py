@@ -12,7 +12,7 @@ from sqlalchemy import event
 
 import dibs
 from tests.conformance.tables import fill, leased_columns
-from tests.targets import with_driver
+from tests.helpers.targets import with_driver
 
 
 @pytest.fixture

@@ -18,12 +18,12 @@ import sqlalchemy as sa
 
 import dibs
 from dibs.dialects import STRATEGIES, Backend, backend_for
-from dibs.dialects.base import Name, moment, resolve_times
+from dibs.dialects.base import Name, from_now, resolve_times
 from dibs.dialects.inserts import Returning
 from dibs.schema import Timestamp, aware
-from tests.conftest import target_url
-from tests.harness import Harness
-from tests.targets import TARGETS
+from tests.helpers.fixtures import target_url
+from tests.helpers.harness import Harness
+from tests.helpers.targets import TARGETS
 
 T = TypeVar("T")
 DRIVERS = [target for target in TARGETS if target.strategy is None]
@@ -123,14 +123,14 @@ def test_the_guarded_write_way_matches_what_the_driver_reports(db: Harness) -> N
 # -- time -------------------------------------------------------------------------------------------------
 
 
-def test_now_after_and_moment_read_the_database_clock(db: Harness) -> None:
+def test_now_after_and_from_now_read_the_database_clock(db: Harness) -> None:
     backend = backend_of(db)
     before = database_now(db)
 
     def read(conn: sa.Connection) -> tuple[datetime, datetime]:
         after = resolve_times({"later": backend.after_value(30)})
         later = conn.execute(sa.select(backend.after("later")), after).scalar_one()
-        earlier = conn.execute(sa.select(moment(backend, -60))).scalar_one()
+        earlier = conn.execute(sa.select(from_now(backend, -60))).scalar_one()
         return aware(later), aware(earlier)
 
     later, earlier = on_connection(db, read)

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 
 import dibs
 from tests.conformance.tables import fill, work_columns
-from tests.harness import Harness
+from tests.helpers.harness import Harness
 
 SLEEP = {"postgresql": "SELECT pg_sleep(2)", "mariadb": "SELECT SLEEP(2)"}
 

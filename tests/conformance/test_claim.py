@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 import dibs
 from tests.conformance.tables import fill, work_columns
-from tests.harness import Harness
+from tests.helpers.harness import Harness
 
 
 def make_work(db: Harness, count: int, **values: Any) -> sa.Table:

@@ -11,8 +11,8 @@ import sqlalchemy as sa
 
 from tests.conformance.hammer import Call, hammer
 from tests.conformance.tables import fill, work_columns
-from tests.harness import Harness
-from tests.targets import Target
+from tests.helpers.harness import Harness
+from tests.helpers.targets import Target
 
 PROCESSES = 8
 ROWS = 3000

@@ -7,8 +7,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from tests.conformance.test_lease import make_leased
-from tests.harness import Harness
+from tests.conformance.tables import make_leased
+from tests.helpers.harness import Harness
 
 
 def _sync_engine(db: Harness) -> sa.Engine:

@@ -11,14 +11,8 @@ import pytest
 import sqlalchemy as sa
 
 import dibs
-from tests.conformance.tables import fill, leased_columns
-from tests.harness import Harness
-
-
-def make_leased(db: Harness, count: int) -> tuple[sa.Table, dibs.Leases]:
-    table = db.table("leased", *leased_columns())
-    db.execute(table.insert(), fill(table, count, payload=lambda i: f"p{i}"))
-    return table, db.leases(table)
+from tests.conformance.tables import fill, leased_columns, make_leased
+from tests.helpers.harness import Harness
 
 
 def database_now(db: Harness) -> datetime:

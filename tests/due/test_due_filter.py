@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 import dibs
-from tests.due.conftest import Sources
+from tests.due.sources import Sources
 from tests.due.support import HOUR, SLOW_CLOCK_SCHEMA, database_now, storable
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 import dibs
-from tests.due.conftest import Sources
+from tests.due.sources import Sources
 from tests.due.support import HOUR, aware, database_now
 from tests.helpers import wait_until
 

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 import dibs
-from tests.due.conftest import Sources
+from tests.due.sources import Sources
 from tests.due.support import PLAIN_SOURCES, database_now, sources_table, storable
 
 SCHEDULER_COLUMNS = ["lease_status", "lease_owner", "lease_expires_at", "lease_token", "run_count", "last_error"]

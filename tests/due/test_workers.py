@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import dibs
-from tests.due.conftest import Sources
+from tests.due.sources import Sources
 from tests.due.support import HOUR, Run, RunLog, aware, database_now, storable
 from tests.helpers import wait_until
 

@@ -7,6 +7,7 @@ made directly, a real HTTP server that records what it is sent, and a TCP proxy 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -14,13 +15,14 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from dibs.outbox.events import OutboxEvent
+from dibs.outbox.publishers import publisher_for
 
 REDIS_URL = os.environ.get("DIBS_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 NATS_URL = os.environ.get("DIBS_TEST_NATS_URL", "nats://127.0.0.1:4222")
@@ -351,3 +353,72 @@ class Proxy:
 
     def close(self) -> None:
         self.cut()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def publish(url: str, events: Sequence[OutboxEvent], *, connect: bool = True) -> list[BaseException | None]:
+    """Make the publisher, (connect,) publish one batch and close."""
+    publisher = publisher_for(url)
+    try:
+        if connect:
+            await publisher.connect()
+        return await publisher.publish(events)
+    finally:
+        await publisher.close()
+
+
+async def read_stream(url: str, key: str) -> list[Any]:
+    """The fields of every entry of the stream, in order."""
+    import redis.asyncio as redis
+
+    client = redis.Redis.from_url(url, decode_responses=True)
+    try:
+        return [fields for _, fields in await client.xrange(key) or []]
+    finally:
+        await client.aclose()
+
+
+async def stream_messages(url: str, stream: str) -> tuple[Any, list[Any]]:
+    """The stream's info and every message in it, in order."""
+    client = await nats_client(url)
+    try:
+        js = client.jetstream()
+        info = await js.stream_info(stream)
+        messages = [await js.get_msg(stream, seq) for seq in range(info.state.first_seq, info.state.last_seq + 1)]
+        return info, messages
+    finally:
+        await client.close()
+
+
+async def declare(url: str, exchange: str, queue: str, binding: str = "#", kind: str = "topic") -> None:
+    """A durable exchange with the queue bound to it (or only the queue, when exchange is "")."""
+    import aio_pika
+
+    connection = await aio_pika.connect(url, timeout=5)
+    try:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, durable=True)
+        if exchange:
+            await channel.declare_exchange(exchange, aio_pika.ExchangeType(kind), durable=True)
+            await declared.bind(exchange, binding)
+    finally:
+        await connection.close()
+
+
+async def take_all(url: str, queue: str) -> list[Any]:
+    """Every message waiting in the queue, in order (acknowledged)."""
+    import aio_pika
+
+    connection = await aio_pika.connect(url, timeout=5)
+    try:
+        channel = await connection.channel()
+        declared = await channel.declare_queue(queue, passive=True)
+        taken = []
+        while (message := await declared.get(no_ack=True, fail=False)) is not None:
+            taken.append(message)
+        return taken
+    finally:
+        await connection.close()

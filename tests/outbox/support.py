@@ -18,7 +18,7 @@ from dibs.outbox.publishers import Publisher
 from dibs.schema import PUBLISHED
 from dibs.schema import outbox as outbox_table
 from tests.helpers import ServiceThread, wait_until
-from tests.processes import ScriptProcess
+from tests.helpers.processes import ScriptProcess
 from tests.queue.support import family_of
 
 #: Relay timings that keep every test short: short leases, frequent upkeep, quick polls.

@@ -12,8 +12,19 @@ import pytest
 
 import dibs
 from dibs.outbox.publishers import publisher_for
-from tests.outbox.brokers import CLOSED_PORT, Names, make_event, nats_client, with_options
-from tests.outbox.test_publishers import declare, publish, read_stream, run, stream_messages, take_all
+from tests.outbox.brokers import (
+    CLOSED_PORT,
+    Names,
+    declare,
+    make_event,
+    nats_client,
+    publish,
+    read_stream,
+    run,
+    stream_messages,
+    take_all,
+    with_options,
+)
 
 #: Aggregate types a subject or routing key could choke on, and a value that looks like one of them escaped.
 AWKWARD = ["order line", "a.*", "a.>", "a.b", "a", "a b.c*d>e#f", "a%2Eb", "café", "*", ">", "#"]

@@ -16,16 +16,9 @@ from sqlalchemy.orm import Session
 import dibs
 from dibs.lease import Lease
 from dibs.schema import outbox as outbox_table
+from tests.helpers.targets import ASYNC_DRIVERS, with_driver
 from tests.outbox.support import OutboxDatabase, add_events, aware, interleaved
-from tests.queue.support import (
-    ASYNC_DRIVERS,
-    analyzed_then_finished,
-    assert_reads_indexes,
-    caught_statements,
-    database_now,
-    orders,
-)
-from tests.targets import with_driver
+from tests.queue.support import analyzed_then_finished, assert_reads_indexes, caught_statements, database_now, orders
 
 LONG_LEASE = 60.0
 

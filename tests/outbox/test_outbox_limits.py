@@ -12,9 +12,9 @@ import sqlalchemy as sa
 
 import dibs
 from dibs.schema import outbox as outbox_table
+from tests.helpers.targets import ASYNC_DRIVERS, with_driver
 from tests.outbox.support import OutboxDatabase
-from tests.queue.support import ASYNC_DRIVERS, drop_everything
-from tests.targets import with_driver
+from tests.queue.support import drop_everything
 
 EVENT = {"aggregate_type": "order", "aggregate_id": "42", "event_type": "order.placed", "payload": {"total": 1}}
 

@@ -24,29 +24,20 @@ from tests.outbox.brokers import (
     Proxy,
     WebhookServer,
     batch,
+    declare,
     make_event,
     nats_client,
+    publish,
+    read_stream,
+    run,
+    stream_messages,
+    take_all,
     with_options,
 )
 
 PASSWORD = "s3cret-pw"
 #: How long a publisher may take to tell that its broker is not there.
 QUICKLY = 5.0
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
-
-
-async def publish(url: str, events: Sequence[OutboxEvent], *, connect: bool = True) -> list[BaseException | None]:
-    """Make the publisher, (connect,) publish one batch and close."""
-    publisher = publisher_for(url)
-    try:
-        if connect:
-            await publisher.connect()
-        return await publisher.publish(events)
-    finally:
-        await publisher.close()
 
 
 @contextmanager
@@ -115,17 +106,6 @@ async def eventually_published(publisher: Publisher, events: Sequence[OutboxEven
 # -- Redis Streams -------------------------------------------------------------------------------------------
 
 
-async def read_stream(url: str, key: str) -> list[Any]:
-    """The fields of every entry of the stream, in order."""
-    import redis.asyncio as redis
-
-    client = redis.Redis.from_url(url, decode_responses=True)
-    try:
-        return [fields for _, fields in await client.xrange(key) or []]
-    finally:
-        await client.aclose()
-
-
 def test_redis_adds_each_event_to_its_stream(redis_url: str, redis_prefix: str) -> None:
     events = batch()
     url = with_options(redis_url, stream=redis_prefix + ".{aggregate_type}")
@@ -174,18 +154,6 @@ def test_redis_down_is_broker_unavailable(connect: bool) -> None:
 
 
 # -- NATS JetStream ------------------------------------------------------------------------------------------
-
-
-async def stream_messages(url: str, stream: str) -> tuple[Any, list[Any]]:
-    """The stream's info and every message in it, in order."""
-    client = await nats_client(url)
-    try:
-        js = client.jetstream()
-        info = await js.stream_info(stream)
-        messages = [await js.get_msg(stream, seq) for seq in range(info.state.first_seq, info.state.last_seq + 1)]
-        return info, messages
-    finally:
-        await client.close()
 
 
 def test_nats_makes_the_stream_and_publishes_each_event(nats_url: str, nats_names: Names) -> None:
@@ -307,37 +275,6 @@ def test_nats_dropped_connection_is_broker_unavailable_then_recovers(
 
 
 # -- RabbitMQ --------------------------------------------------------------------------------------------------
-
-
-async def declare(url: str, exchange: str, queue: str, binding: str = "#", kind: str = "topic") -> None:
-    """A durable exchange with the queue bound to it (or only the queue, when exchange is "")."""
-    import aio_pika
-
-    connection = await aio_pika.connect(url, timeout=5)
-    try:
-        channel = await connection.channel()
-        declared = await channel.declare_queue(queue, durable=True)
-        if exchange:
-            await channel.declare_exchange(exchange, aio_pika.ExchangeType(kind), durable=True)
-            await declared.bind(exchange, binding)
-    finally:
-        await connection.close()
-
-
-async def take_all(url: str, queue: str) -> list[Any]:
-    """Every message waiting in the queue, in order (acknowledged)."""
-    import aio_pika
-
-    connection = await aio_pika.connect(url, timeout=5)
-    try:
-        channel = await connection.channel()
-        declared = await channel.declare_queue(queue, passive=True)
-        taken = []
-        while (message := await declared.get(no_ack=True, fail=False)) is not None:
-            taken.append(message)
-        return taken
-    finally:
-        await connection.close()
 
 
 def test_rabbitmq_publishes_persistent_messages_to_the_exchange(amqp_url: str, amqp_names: Names) -> None:

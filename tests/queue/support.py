@@ -14,9 +14,6 @@ import dibs
 from dibs.schema import jobs
 from tests.helpers import ServiceThread
 
-SYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite+pysqlite", "mariadb": "mysql+pymysql"}
-ASYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite+aiosqlite", "mariadb": "mysql+asyncmy"}
-
 #: Worker timings that keep every test short: short leases, frequent upkeep, quick polls.
 FAST = {"lease": 2.0, "poll": 0.05, "upkeep_every": 0.1, "grace": 5.0, "handle_signals": False}
 #: Retries that come back almost at once.

@@ -15,9 +15,9 @@ from sqlalchemy.orm import Session
 import dibs
 from dibs.schema import jobs
 from tests.helpers import wait_until
-from tests.queue.conftest import QueueDatabase
-from tests.queue.support import ASYNC_DRIVERS, job_count, job_rows, orders, test_metadata
-from tests.targets import with_driver
+from tests.helpers.targets import ASYNC_DRIVERS, with_driver
+from tests.queue.database import QueueDatabase
+from tests.queue.support import job_count, job_rows, orders, test_metadata
 
 
 class Rollback(Exception):

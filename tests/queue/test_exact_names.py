@@ -6,17 +6,15 @@ trailing spaces; these tests hold on every backend and would fail there without 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
 
-import pytest
 import sqlalchemy as sa
 
 import dibs
 from dibs.dialects.base import Name
 from dibs.dialects.mysql import exact_collation
 from dibs.schema import LATEST, MIGRATIONS, current_version, jobs, metadata
-from tests.queue.conftest import QueueDatabase
+from tests.queue.database import QueueDatabase
 from tests.queue.support import job_rows
 
 #: Pairs that a case-, accent- or pad-insensitive collation takes for equal.
@@ -145,15 +143,6 @@ def test_outbox_aggregates_differing_only_by_case_are_ordered_independently(qdb:
 
 
 # -- the upgrade of tables made by an earlier dibs -------------------------------------------------------
-
-
-@pytest.fixture
-def empty_db(empty_url: sa.URL) -> Iterator[QueueDatabase]:
-    database = QueueDatabase(empty_url)
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 def with_folding_names(engine: sa.Engine) -> None:

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 import dibs
 from dibs.schema import jobs
 from tests.helpers import wait_until
-from tests.queue.conftest import QueueDatabase
+from tests.queue.database import QueueDatabase
 from tests.queue.support import job_rows, kill_other_sessions
 
 

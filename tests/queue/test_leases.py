@@ -4,10 +4,8 @@ terminated worker finishes what it runs and gives back the rest at once."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -19,7 +17,7 @@ import pytest
 import dibs
 from dibs.schema import jobs
 from tests.helpers import wait_until
-from tests.queue.conftest import QueueDatabase
+from tests.queue.database import QueueDatabase, start_worker
 from tests.queue.support import job_rows, run_events, runs
 from tests.queue.worker_process import build_app
 
@@ -127,13 +125,6 @@ def spawn(qdb: QueueDatabase, tmp_path: Path) -> Iterator[list[subprocess.Popen[
         if process.poll() is None:
             process.kill()
         process.wait(10)
-
-
-def start_worker(qdb: QueueDatabase, spawned: list[subprocess.Popen[bytes]], log: Path, *options: str) -> None:
-    command = [sys.executable, "-m", "tests.queue.worker_process", qdb.url.render_as_string(False), *options]
-    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    with log.open("wb") as output:
-        spawned.append(subprocess.Popen(command, cwd=ROOT, env=environment, stdout=output, stderr=subprocess.STDOUT))
 
 
 def test_a_killed_workers_jobs_run_again_and_none_is_lost(

@@ -15,9 +15,9 @@ import sqlalchemy as sa
 
 import dibs
 from dibs.schema import jobs
-from tests.queue.conftest import QueueDatabase
-from tests.queue.support import ASYNC_DRIVERS, job_count, orders, test_metadata
-from tests.targets import with_driver
+from tests.helpers.targets import ASYNC_DRIVERS, with_driver
+from tests.queue.database import QueueDatabase
+from tests.queue.support import job_count, orders, test_metadata
 
 PLUS_5 = timezone(timedelta(hours=5))
 MINUS_5 = timezone(timedelta(hours=-5))

@@ -27,7 +27,7 @@ import dibs.queue.periodic
 from dibs.queue.periodic import MAX_CATCH_UP, Periodic
 from dibs.schema import jobs, periodic
 from tests.helpers import wait_until
-from tests.queue.conftest import QueueDatabase
+from tests.queue.database import QueueDatabase
 from tests.queue.periodic_process import TICKS, add_ticks
 from tests.queue.support import database_now
 

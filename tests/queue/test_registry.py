@@ -17,9 +17,8 @@ import sqlalchemy as sa
 import dibs
 from dibs.schema import DEAD_AFTER_LEASES, workers
 from tests.helpers import wait_until
-from tests.queue.conftest import QueueDatabase
+from tests.queue.database import QueueDatabase, start_worker
 from tests.queue.support import runs
-from tests.queue.test_leases import start_worker
 
 
 def worker_rows(qdb: QueueDatabase) -> list[str]:

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 import dibs
 from tests.helpers import wait_until
-from tests.queue.conftest import QueueDatabase
+from tests.queue.database import QueueDatabase
 from tests.queue.support import (
     QUICK_RETRY,
     analyzed_then_finished,

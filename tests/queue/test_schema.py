@@ -7,7 +7,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from datetime import timedelta, timezone
 
 import pytest
@@ -17,19 +16,11 @@ from sqlalchemy.engine import Connection
 import dibs
 from dibs.schema import LATEST, MIGRATIONS, Migration, current_version, require_current
 from tests.helpers import wait_until
-from tests.queue.conftest import QueueDatabase
+from tests.helpers.network import answers, free_port, outward_address
+from tests.queue.database import QueueDatabase
 from tests.queue.support import database_now, job_rows
 
 # -- migrations ----------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def empty_db(empty_url: sa.URL) -> Iterator[QueueDatabase]:
-    database = QueueDatabase(empty_url)
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 #: Every version this dibs has, in order.
@@ -285,13 +276,6 @@ def test_status_counts_jobs_per_queue_and_state(qdb: QueueDatabase) -> None:
 # -- metrics -------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 def scrape(port: int) -> dict[str, float]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         text = response.read().decode()
@@ -344,25 +328,6 @@ def test_a_worker_serves_prometheus_metrics(qdb: QueueDatabase) -> None:
         scrape(port)
     with socket.create_server(("127.0.0.1", port)):
         pass
-
-
-def outward_address() -> str | None:
-    """This machine's address on its network (not loopback), if it has one."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("10.255.255.255", 9))  # no packet is sent: this only picks the route's address
-        except OSError:
-            return None
-        address: str = probe.getsockname()[0]
-    return None if address.startswith("127.") else address
-
-
-def answers(address: str, port: int) -> bool:
-    try:
-        with socket.create_connection((address, port), timeout=2):
-            return True
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("address", [None, "0.0.0.0"])

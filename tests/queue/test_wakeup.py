@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 import time
 
-from dibs.queue.app import CHANNEL
-from tests.queue.conftest import QueueDatabase
+from dibs.queue.enqueue import CHANNEL
+from tests.queue.database import QueueDatabase
 
 
 def test_an_idle_worker_starts_a_new_job_promptly(qdb: QueueDatabase) -> None:

@@ -11,7 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 import dibs
-from tests.queue.conftest import QueueDatabase
+from tests.queue.database import QueueDatabase
 
 BAD_SETTINGS = [
     ({"concurrency": 0}, "concurrency must be a whole number >= 1"),

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 
 import dibs
 from tests.conformance.tables import work_columns
-from tests.targets import with_driver
+from tests.helpers.targets import with_driver
 
 
 def claim_on_old_server(engine: sa.Engine, version: tuple[int, ...]) -> list[list[int]]:

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Dialect
 from dibs._errors import InvalidArgument
 from dibs.dialects.backend import Backend
 from dibs.dialects.mysql import MySQL, MySQLClaim
-from dibs.dialects.portable import Generic, PortableClaim
+from dibs.dialects.portable import PortableBackend, PortableClaim
 from dibs.dialects.postgresql import MATERIALIZED_SINCE, PostgreSQL, PostgreSQLClaim
 from dibs.dialects.request import ClaimRequest, ClaimStrategy
 from dibs.dialects.sqlite import SQLite, SQLiteClaim
@@ -28,7 +28,7 @@ _BACKENDS: dict[str, Backend] = {
     "mysql": MySQL(),
     "mariadb": MySQL(),
 }
-_GENERIC = Generic()
+_PORTABLE = PortableBackend()
 
 #: The strategies a caller may pick by name, and the dialect each needs (None: any).
 STRATEGIES: dict[str, str | None] = {
@@ -49,7 +49,7 @@ def backend_for(dialect: Dialect) -> Backend:
 
 def backend_named(name: str) -> Backend:
     """The backend for a dialect name such as ``"postgresql"`` (a URL's backend name)."""
-    return _BACKENDS.get(name, _GENERIC)
+    return _BACKENDS.get(name, _PORTABLE)
 
 
 def strategy_for(dialect: Dialect, name: str | None = None) -> ClaimStrategy:

@@ -226,7 +226,7 @@ class BackendDefaults:
         return None
 
 
-def moment(backend: Backend, seconds: float, name: str = "dibs_moment") -> ColumnElement[datetime]:
+def from_now(backend: Backend, seconds: float, name: str = "dibs_from_now") -> ColumnElement[datetime]:
     """The database clock ``seconds`` from now (negative: ago) as a SQL expression, its value bound."""
     value = resolve_times({name: backend.after_value(seconds)})[name]
 

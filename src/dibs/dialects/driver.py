@@ -1,10 +1,9 @@
 """The hot statements of claims and lease writes, run on the driver's cursor.
 
-A worker claims and completes in a loop. With batches of ten rows, SQLAlchemy's work around each
-statement (an execution context, the parameters processed by name, a cursor result, Row objects built
-through result metadata) cost as much as the database's own work, and held dibs to about 0.6x of the
-same statements written by hand on the driver. So each statement dibs runs in a loop is compiled once
-per dialect and then run on the DBAPI cursor of the SQLAlchemy connection it was given:
+A worker claims and completes in a loop, and for small batches SQLAlchemy's work around each statement
+(an execution context, parameters processed by name, a cursor result, Row objects built through result
+metadata) costs as much as the database's own work. So each statement dibs runs in a loop is compiled
+once per dialect and then run on the DBAPI cursor of the SQLAlchemy connection it was given:
 
 * the connection, its pool, its transaction and its isolation level stay SQLAlchemy's: dibs only runs
   a statement on a connection SQLAlchemy opened and will commit;

@@ -109,7 +109,7 @@ class AppClock:
         return FromNow(seconds)
 
 
-class Generic(AppClock, BackendDefaults):
+class PortableBackend(AppClock, BackendDefaults):
     """A dialect dibs has no native strategy for: portable claim, application clock."""
 
     name = "generic"

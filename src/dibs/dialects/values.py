@@ -25,11 +25,11 @@ class Name(sa.String):
     """
 
 
-class Constant(ColumnElement[Any]):
+class Inline(ColumnElement[Any]):
     """A value written into the statement's text, as the dialect writes literals, instead of bound: see
-    :func:`constant`."""
+    :func:`inline`."""
 
-    __visit_name__ = "dibs_constant"
+    __visit_name__ = "dibs_inline"
     inherit_cache = True
     _traverse_internals = [  # noqa: RUF012 (SQLAlchemy declares it so)
         ("value", InternalTraversal.dp_plain_obj),
@@ -41,16 +41,16 @@ class Constant(ColumnElement[Any]):
         self.type = sa.types.to_instance(type_)
 
 
-@compiles(Constant)
-def _render_constant(element: Constant, compiler: Any, **kw: Any) -> str:
+@compiles(Inline)
+def _render_inline(element: Inline, compiler: Any, **kw: Any) -> str:
     return str(compiler.render_literal_value(element.value, element.type))
 
 
-def constant(value: str | int) -> ColumnElement[Any]:
+def inline(value: str | int) -> ColumnElement[Any]:
     """``value`` in the statement's text: for the states and steps a statement always uses. The planner
     sees them (PostgreSQL keeps one generic plan that can use a partial index on a state; SQLite uses such
     an index only for a query that repeats its literal), and the driver has fewer parameters to send."""
-    return Constant(value, sa.String() if isinstance(value, str) else sa.Integer())
+    return Inline(value, sa.String() if isinstance(value, str) else sa.Integer())
 
 
 class FromNow(NamedTuple):

@@ -17,13 +17,13 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from dibs._checks import checked_moment, checked_name, checked_seconds, checked_text
+from dibs._checks import checked_attempts, checked_moment, checked_name, checked_priority, checked_seconds, checked_text
 from dibs._errors import DibsError, InvalidArgument, UnknownQueue, UnknownTask
 from dibs.dialects import Backend, backend_for
 from dibs.dialects.base import resolve_times
 from dibs.dialects.inserts import Returning
 from dibs.queue.job import Job
-from dibs.queue.task import TASK_NAME_LIMIT, Task, checked_attempts, checked_priority
+from dibs.queue.task import TASK_NAME_LIMIT, Task
 from dibs.schema import LIVE, QUEUED, SCHEDULED, jobs
 
 #: PostgreSQL wakes idle workers on this channel when jobs are enqueued.

@@ -15,7 +15,34 @@ from dibs.schema import aware
 
 @dataclass(frozen=True, kw_only=True)
 class Job:
-    """One job: what to run, with what, and where it stands. Times are in UTC."""
+    """One job as stored: what to run, with what, and where it stands. Times are aware, in UTC.
+
+    Attributes:
+        id: The job's id.
+        task: The task's registered name.
+        queue: The queue it is in.
+        args: Its arguments.
+        priority: Higher runs first within a queue.
+        status: scheduled, queued, running, succeeded, dead or cancelled.
+        run_at: When it may run (for a retried job, when its next attempt may run).
+        attempts: How many times it has run.
+        max_attempts: How many times it may run before it is dead.
+        dedupe_key: While the job is live, no other live job has this key.
+        ordering_key: Jobs with the same key run one at a time, in enqueue order.
+        tag: Only workers serving this tag take it.
+        enqueued_at: When it was enqueued.
+        started_at: When its last run started.
+        finished_at: When it finished.
+        last_error: The last run's error and traceback.
+        lease_owner: The worker that holds it, while one does.
+        cancel_requested: Whether it was asked to stop while running.
+        lease_expires_at: When the lease of the worker running it runs out, unless renewed.
+
+    Example:
+        >>> job = app.get(42)
+        >>> job.status, job.attempts
+        ('succeeded', 1)
+    """
 
     id: int
     task: str
@@ -35,11 +62,11 @@ class Job:
     last_error: str | None
     lease_owner: str | None
     cancel_requested: bool
-    #: When the lease of the worker running it runs out, unless renewed (None when no worker holds it).
     lease_expires_at: datetime | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Job:
+        """The job a row of ``dibs_jobs`` holds."""
         values = row._mapping
         return cls(
             id=values["id"],
@@ -83,7 +110,14 @@ class JobContext:
         return self.stop_reason is not None
 
     def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds`` (in a sync task), waking at once if asked to stop; True if asked."""
+        """Sleep up to ``seconds`` (in a sync task), waking at once if asked to stop.
+
+        Args:
+            seconds: The longest sleep.
+
+        Returns:
+            True if the job was asked to stop.
+        """
         if self._event is None:
             self._event = threading.Event()
         # Checked after the event exists: stop() sets the reason before it looks for the event.
@@ -92,7 +126,11 @@ class JobContext:
         return self._event.wait(seconds)
 
     def stop(self, reason: str) -> None:
-        """Ask the job to stop (the worker calls this)."""
+        """Ask the job to stop (the worker calls this).
+
+        Args:
+            reason: Why, as :attr:`stop_reason` then tells the job.
+        """
         if self.stop_reason is None:
             self.stop_reason = reason
             if self._event is not None:

@@ -54,7 +54,16 @@ class WorkerStatus:
     heartbeat_age_seconds: float
 
     def takes(self, queue: str, task: str, tag: str | None) -> bool:
-        """Whether this worker claims queued jobs of this queue, task and tag."""
+        """Whether this worker claims queued jobs of this queue, task and tag.
+
+        Args:
+            queue: The jobs' queue.
+            task: The jobs' task name.
+            tag: The jobs' tag, or None.
+
+        Returns:
+            True when the worker serves them.
+        """
         return queue in self.queues and task in self.tasks and (tag is None or tag in self.tags)
 
 

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 
-from dibs._checks import checked_count, checked_name, checked_seconds, checked_text
+from dibs._checks import checked_count, checked_name, checked_owner, checked_seconds, default_owner
 from dibs._errors import InvalidArgument
-from dibs.lease import OWNER_LIMIT
 from dibs.metrics import checked_metrics_port
 
 
@@ -77,7 +73,6 @@ def worker_settings(
         checked_metrics_port(metrics_port)
     if not isinstance(metrics_address, str) or not metrics_address:
         raise InvalidArgument(f"metrics_address must be a host name or IP address, got {metrics_address!r}")
-    name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     return WorkerSettings(
         queues=chosen,
         tags=tuple(sorted(checked_name(tag, "a tag") for tag in tags)),
@@ -90,7 +85,7 @@ def worker_settings(
         upkeep_seconds=checked_seconds(upkeep_every, "upkeep_every"),
         retention=None if retention is None else timedelta(seconds=checked_seconds(retention, "retention", zero=True)),
         burst=burst,
-        name=checked_text(name, "name", OWNER_LIMIT),
+        name=checked_owner(name or default_owner(), "name"),
         metrics_port=metrics_port,
         metrics_address=metrics_address,
         handle_signals=handle_signals,

@@ -18,9 +18,10 @@ from typing import NamedTuple
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from dibs._checks import ERROR_LIMIT
 from dibs.claim import claim
 from dibs.dialects import backend_for
-from dibs.dialects.base import constant, moment
+from dibs.dialects.base import from_now, inline
 from dibs.engine import connected
 from dibs.lease import Claimer, Lease, Leases
 from dibs.schema import (
@@ -34,8 +35,6 @@ from dibs.schema import (
     jobs,
 )
 
-#: Errors are kept up to this many characters (MySQL's TEXT holds 64 KiB).
-ERROR_LIMIT = 60_000
 RETRY_DELAY = "dibs_retry_delay"
 UPKEEP_BATCH = 1000
 
@@ -63,8 +62,8 @@ def _key_taken() -> sa.ColumnElement[bool]:
         sa.select(other.c.id).where(
             other.c.ordering_key == jobs.c.ordering_key,
             other.c.id != jobs.c.id,
-            other.c.status.in_([constant(state) for state in LIVE]),
-            sa.or_(other.c.status == constant(RUNNING), other.c.id < jobs.c.id),
+            other.c.status.in_([inline(state) for state in LIVE]),
+            sa.or_(other.c.status == inline(RUNNING), other.c.id < jobs.c.id),
         )
     )
 
@@ -141,11 +140,11 @@ class JobStore:
             return claimer
         if len(self._claimers) >= 64:  # a long-lived process asking for ever new combinations
             self._claimers.clear()
-        tagged = jobs.c.tag.in_([constant(tag) for tag in tags]) if tags else sa.false()
+        tagged = jobs.c.tag.in_([inline(tag) for tag in tags]) if tags else sa.false()
         claimer = self._claimers[wanted] = leases.claimer(
             where=[
-                jobs.c.queue.in_([constant(queue) for queue in queues]),
-                jobs.c.task.in_([constant(task) for task in tasks]),
+                jobs.c.queue.in_([inline(queue) for queue in queues]),
+                jobs.c.task.in_([inline(task) for task in tasks]),
                 sa.or_(jobs.c.tag.is_(None), tagged),
                 sa.or_(jobs.c.ordering_key.is_(None), ~_key_taken()),
             ],
@@ -157,9 +156,9 @@ class JobStore:
 
     # -- finish ------------------------------------------------------------------------------------
 
-    def succeed(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
+    def succeed(self, conn: Engine | Connection, claimed: Sequence[Lease]) -> list[Lease]:
         """Mark jobs succeeded; returns the leases that were lost (those writes changed nothing)."""
-        return leases.complete_many(conn, held, status=SUCCEEDED, set={jobs.c.dedupe_key: None})
+        return leases.complete_many(conn, claimed, status=SUCCEEDED, set={jobs.c.dedupe_key: None})
 
     def retry(self, conn: Engine | Connection, lease: Lease, delay: timedelta, error: str) -> bool:
         """Schedule the job again ``delay`` from now on the database clock; False if the lease was lost."""
@@ -179,13 +178,13 @@ class JobStore:
         )
         return not lost
 
-    def renew(self, conn: Engine | Connection, held: Sequence[Lease], lease_seconds: float) -> list[Lease]:
+    def renew(self, conn: Engine | Connection, claimed: Sequence[Lease], lease_seconds: float) -> list[Lease]:
         """Extend leases; returns those lost."""
-        return leases.renew_many(conn, held, lease_seconds)
+        return leases.renew_many(conn, claimed, lease_seconds)
 
-    def release(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
+    def release(self, conn: Engine | Connection, claimed: Sequence[Lease]) -> list[Lease]:
         """Give back unstarted jobs, queued again at once with the attempt not counted."""
-        return leases.release_many(conn, held)
+        return leases.release_many(conn, claimed)
 
     def cancel_requests(self, conn: Engine | Connection, ids: Iterable[int]) -> set[int]:
         """Which of these running jobs someone asked to cancel."""
@@ -244,7 +243,7 @@ class JobStore:
         rows = claim(
             conn,
             jobs,
-            where=[jobs.c.status == constant(SCHEDULED), jobs.c.run_at <= self.backend.now()],
+            where=[jobs.c.status == inline(SCHEDULED), jobs.c.run_at <= self.backend.now()],
             set={jobs.c.status: QUEUED},
             limit=limit,
             # In the due index's order: read from the index whatever the statistics say (see work_left).
@@ -284,7 +283,7 @@ class JobStore:
             return {str(state): int(count) for state, count in connection.execute(query).all()}
 
     def _purged(self, older_than: timedelta, statuses: Sequence[str]) -> list[sa.ColumnElement[bool]]:
-        cutoff = moment(self.backend, -older_than.total_seconds())
+        cutoff = from_now(self.backend, -older_than.total_seconds())
         return [jobs.c.status.in_(list(statuses)), jobs.c.finished_at < cutoff]
 
 

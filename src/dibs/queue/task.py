@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from dibs._checks import checked_count, checked_name, checked_seconds
+from dibs._checks import checked_attempts, checked_name, checked_priority, checked_seconds
 from dibs._errors import InvalidArgument
 from dibs.retry import DEFAULT_RETRY, Retry
 
@@ -18,18 +18,6 @@ if TYPE_CHECKING:
 TASK_NAME_LIMIT = 200
 
 OrderingKey = str | Callable[[Mapping[str, Any]], object] | None
-
-
-def checked_attempts(value: object, what: str = "max_attempts") -> int:
-    if not isinstance(value, int):
-        raise InvalidArgument(f"{what} must be a whole number >= 1, got {value!r}")
-    return checked_count(value, what)
-
-
-def checked_priority(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not -1_000_000 <= value <= 1_000_000:
-        raise InvalidArgument(f"priority must be a whole number between -1000000 and 1000000, got {value!r}")
-    return value
 
 
 class TaskApp(Protocol):
@@ -45,10 +33,26 @@ class TaskApp(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class Task:
-    """A registered function and the defaults of its jobs. Higher ``priority`` runs first.
+    """A registered function and the defaults of its jobs; made by :meth:`dibs.App.task`.
 
-    ``ordering_key`` names an argument (or is a function of the arguments) whose value puts jobs in a
-    line: jobs with the same key run one at a time, in enqueue order.
+    Attributes:
+        app: The app the task is registered with.
+        function: The sync or async function a job runs, called with the job's arguments as keywords
+            (and ``context``, a :class:`~dibs.JobContext`, if it takes one).
+        name: The registered name, which jobs store.
+        queue: The queue its jobs go to unless enqueued with another.
+        priority: Higher runs first within a queue (-1,000,000 to 1,000,000).
+        max_attempts: How many times a job runs before it is dead.
+        retry: When and how soon a failed job runs again.
+        timeout: Seconds a run may take before it is stopped and counted failed; None for no limit.
+        ordering_key: An argument's name (or a function of the arguments) whose value puts jobs in a
+            line: jobs with the same key run one at a time, in enqueue order.
+        tag: Only workers serving this tag take its jobs.
+
+    Example:
+        >>> @app.task(queue="billing", ordering_key="customer")
+        ... def charge(customer: str, cents: int) -> None: ...
+        >>> charge.enqueue({"customer": "c-7", "cents": 1200})
     """
 
     app: TaskApp
@@ -96,7 +100,14 @@ class Task:
         return str(self.signature.replace(parameters=plain, return_annotation=inspect.Signature.empty))
 
     def misfit(self, kwargs: Mapping[str, Any]) -> str | None:
-        """Why the function cannot be called with these keyword arguments; None if it can."""
+        """Why the function cannot be called with these keyword arguments.
+
+        Args:
+            kwargs: The keyword arguments.
+
+        Returns:
+            The reason, or None if they fit.
+        """
         try:
             self.signature.bind(**kwargs)
         except TypeError as exc:
@@ -104,7 +115,14 @@ class Task:
         return None
 
     def refusal(self, args: Mapping[str, Any]) -> str | None:
-        """Why a job with these arguments can never run, as enqueue says it; None if they fit the function."""
+        """Why a job with these arguments can never run, as enqueue says it.
+
+        Args:
+            args: The job's arguments.
+
+        Returns:
+            The reason, or None if they fit the function.
+        """
         names = frozenset(args)
         if names in self._misfits:
             return self._misfits[names]
@@ -122,7 +140,17 @@ class Task:
         return self.function(*args, **kwargs)
 
     def key_for(self, args: Mapping[str, Any]) -> str | None:
-        """The ordering key of a job with these arguments, if the task has one."""
+        """The ordering key of a job with these arguments, if the task has one.
+
+        Args:
+            args: The job's arguments.
+
+        Returns:
+            The key as text, or None.
+
+        Raises:
+            InvalidArgument: The task orders by an argument the job does not have.
+        """
         if self.ordering_key is None:
             return None
         if isinstance(self.ordering_key, str):
@@ -137,9 +165,25 @@ class Task:
         return None if value is None else str(value)
 
     def enqueue(self, args: Mapping[str, Any] | None = None, /, **options: Any) -> Job:
-        """Enqueue one job of this task; ``options`` as for :meth:`App.enqueue`."""
+        """Enqueue one job of this task.
+
+        Args:
+            args: The job's arguments, a JSON object.
+            **options: As for :meth:`dibs.App.enqueue` (``conn``, ``delay``, ``queue``...).
+
+        Returns:
+            The job as stored.
+        """
         return self.app.enqueue(self, args, **options)
 
     async def aenqueue(self, args: Mapping[str, Any] | None = None, /, **options: Any) -> Job:
-        """enqueue() for asyncio."""
+        """:meth:`enqueue` for asyncio.
+
+        Args:
+            args: The job's arguments, a JSON object.
+            **options: As for :meth:`dibs.App.aenqueue`.
+
+        Returns:
+            The job as stored.
+        """
         return await self.app.aenqueue(self, args, **options)

@@ -16,6 +16,9 @@ import sqlalchemy as sa
 POSTGRES_URL = os.environ.get("DIBS_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 MARIADB_URL = os.environ.get("DIBS_TEST_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
 IN_CI = os.environ.get("CI", "").lower() == "true"
+#: The driver each family's sync and asyncio tests use, by family.
+SYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite+pysqlite", "mariadb": "mysql+pymysql"}
+ASYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite+aiosqlite", "mariadb": "mysql+asyncmy"}
 
 
 @dataclass(frozen=True)

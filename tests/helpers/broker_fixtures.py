@@ -1,17 +1,15 @@
-"""Fixtures of the outbox tests."""
+"""The publisher tests' fixtures, as a pytest plugin (registered by the root conftest): each broker's URL once
+it answered, fresh names on it that are deleted after the test, a webhook server and TCP proxies."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import sqlalchemy as sa
 
-import dibs
-from tests.helpers import BACKENDS
+from tests.helpers.targets import IN_CI
 from tests.outbox.brokers import (
     AMQP_URL,
     NATS_URL,
@@ -28,11 +26,6 @@ from tests.outbox.brokers import (
     start_webhook_server,
     unique,
 )
-from tests.outbox.support import OutboxDatabase
-from tests.queue.support import SYNC_DRIVERS, drop_everything
-from tests.targets import IN_CI, database_url
-
-# -- brokers: the publisher tests' fixtures --------------------------------------------------------------
 
 
 def _reachable(name: str, url: str, env: str, check: Callable[[str], Coroutine[Any, Any, None]]) -> str:
@@ -115,38 +108,3 @@ def proxy() -> Iterator[Callable[[str, int], Proxy]]:
     yield make
     for each in made:
         each.close()
-
-
-# -- end of brokers ----------------------------------------------------------------------------------------
-
-
-# -- databases and relays: the outbox and relay tests' fixtures ------------------------------------------
-
-
-@pytest.fixture(params=BACKENDS)
-def outbox_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.URL]:
-    """A database with a fresh, current dibs schema (a file in tmp_path on SQLite; the session's database
-    on the servers), its tables dropped after the test."""
-    family: str = request.param
-    url = database_url(request, family, SYNC_DRIVERS[family], tmp_path / "outbox.sqlite")
-    drop_everything(url)
-    engine = dibs.create_engine(url)
-    try:
-        dibs.migrate(engine)
-    finally:
-        engine.dispose()
-    yield url
-    drop_everything(url)
-
-
-@pytest.fixture
-def odb(outbox_url: sa.URL) -> Iterator[OutboxDatabase]:
-    """The test's database: engines, outboxes and relays on it, all closed when the test ends."""
-    database = OutboxDatabase(outbox_url)
-    try:
-        yield database
-    finally:
-        database.close()
-
-
-# -- end of databases and relays ---------------------------------------------------------------------------

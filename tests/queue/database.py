@@ -1,40 +1,19 @@
-"""Fixtures: each queue test runs on PostgreSQL, SQLite and MariaDB, in tables made fresh for it."""
+"""One queue test's database: apps and workers on it, all closed when the test ends."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 import dibs
-from tests.helpers import BACKENDS
-from tests.queue.support import FAST, SYNC_DRIVERS, WorkerThread, drop_everything, family_of
-from tests.targets import database_url
-
-
-@pytest.fixture(params=BACKENDS)
-def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.URL]:
-    """A database without dibs tables (a file in tmp_path on SQLite; the session's database on the servers)."""
-    family: str = request.param
-    url = database_url(request, family, SYNC_DRIVERS[family], tmp_path / "queue.sqlite")
-    drop_everything(url)
-    yield url
-    drop_everything(url)
-
-
-@pytest.fixture
-def queue_url(empty_url: sa.URL) -> sa.URL:
-    """A database with a fresh, current dibs schema."""
-    engine = dibs.create_engine(empty_url)
-    try:
-        dibs.migrate(engine)
-    finally:
-        engine.dispose()
-    return empty_url
+from tests.helpers.processes import ROOT
+from tests.queue.support import FAST, WorkerThread, family_of
 
 
 class QueueDatabase:
@@ -77,10 +56,8 @@ class QueueDatabase:
             engine.dispose()
 
 
-@pytest.fixture
-def qdb(queue_url: sa.URL) -> Iterator[QueueDatabase]:
-    database = QueueDatabase(queue_url)
-    try:
-        yield database
-    finally:
-        database.close()
+def start_worker(qdb: QueueDatabase, spawned: list[subprocess.Popen[bytes]], log: Path, *options: str) -> None:
+    command = [sys.executable, "-m", "tests.queue.worker_process", qdb.url.render_as_string(False), *options]
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    with log.open("wb") as output:
+        spawned.append(subprocess.Popen(command, cwd=ROOT, env=environment, stdout=output, stderr=subprocess.STDOUT))

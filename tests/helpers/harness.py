@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from sqlalchemy.pool import StaticPool
 
 import dibs
-from tests.targets import Target, with_driver
+from tests.helpers.targets import Target, with_driver
 
 T = TypeVar("T")
 

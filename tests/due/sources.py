@@ -1,14 +1,10 @@
-"""Fixtures: each due scheduler test runs on PostgreSQL, SQLite (a file) and MariaDB, on a sources table made
-fresh for it and dropped after it."""
+"""One due scheduler test's sources table and the engines on it, and dropping the test tables."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
@@ -23,10 +19,6 @@ from tests.due.support import (
     sources_table,
     storable,
 )
-from tests.helpers import BACKENDS
-from tests.targets import database_url
-
-SYNC_DRIVERS = {"postgresql": "postgresql+psycopg", "sqlite": "sqlite+pysqlite", "mariadb": "mysql+pymysql"}
 
 
 def drop_tables(url: sa.URL) -> None:
@@ -45,16 +37,6 @@ def drop_tables(url: sa.URL) -> None:
             conn.commit()
     finally:
         engine.dispose()
-
-
-@pytest.fixture(params=BACKENDS)
-def due_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa.URL]:
-    """A database without the test tables (a file in tmp_path on SQLite; the session's database on the servers)."""
-    family: str = request.param
-    url = database_url(request, family, SYNC_DRIVERS[family], tmp_path / "due.sqlite")
-    drop_tables(url)
-    yield url
-    drop_tables(url)
 
 
 class Sources:
@@ -109,12 +91,3 @@ class Sources:
     def close(self) -> None:
         for engine in self._engines:
             engine.dispose()
-
-
-@pytest.fixture
-def sources(due_url: sa.URL) -> Iterator[Sources]:
-    database = Sources(due_url)
-    try:
-        yield database
-    finally:
-        database.close()

@@ -1,0 +1,91 @@
+"""What every part of the App stands on: the database its jobs live in, its tasks and schedules, and the
+translation of a statement's failure into SchemaMissing when the dibs tables are missing."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING
+
+from sqlalchemy.engine import Engine
+
+from dibs._checks import checked_integer, checked_name
+from dibs.engine import checked_url, create_engine, database_url
+from dibs.queue.enqueue import CHANNEL
+from dibs.queue.store import JobStore
+from dibs.schema import migrate, tables_checked
+
+if TYPE_CHECKING:
+    from dibs.queue.periodic import Periodic
+    from dibs.queue.task import Task
+
+
+class AppBase:
+    """The App's database, tasks and schedules; see :class:`dibs.App`."""
+
+    def __init__(
+        self,
+        db: str | Engine | None = None,
+        *,
+        queues: Iterable[str] = (),
+        max_args_bytes: int = 1_000_000,
+        notify: bool = True,
+    ) -> None:
+        if isinstance(db, Engine):
+            self._engine: Engine | None = db
+            self.url = db.url.render_as_string(hide_password=True)
+        else:
+            self._engine = None
+            # A URL that can never work (an unknown kind of database, a driver not installed) is refused now;
+            # one that may work later (a server not up yet) when it is first used.
+            self.url = database_url(db)
+            checked_url(self.url)
+        #: The registered tasks by name.
+        self.tasks: dict[str, Task] = {}
+        #: Queues declared beyond those the tasks name.
+        self.declared_queues = frozenset(checked_name(queue, "a queue name") for queue in queues)
+        #: The most bytes of JSON one job's arguments may take.
+        self.max_args_bytes = checked_integer(max_args_bytes, "max_args_bytes", 1)
+        #: Whether enqueueing wakes PostgreSQL workers with NOTIFY.
+        self.notify = notify
+        #: Periodic job schedules by name (see :meth:`dibs.App.periodic`).
+        self.schedules: dict[str, Periodic] = {}
+        self._store: JobStore | None = None
+
+    @property
+    def engine(self) -> Engine:
+        """The Engine jobs live in, created on first use."""
+        if self._engine is None:
+            self._engine = create_engine(self.url)
+        return self._engine
+
+    @property
+    def store(self) -> JobStore:
+        """The job store on :attr:`engine`: the statements workers and the App run on the jobs table."""
+        if self._store is None:
+            self._store = JobStore(self.engine)
+        return self._store
+
+    @property
+    def queues(self) -> frozenset[str]:
+        """Every queue a task names or the app declares."""
+        return self.declared_queues | {task.queue for task in self.tasks.values()}
+
+    def init(self) -> list[int]:
+        """Create or upgrade the dibs tables.
+
+        Returns:
+            The schema versions applied, none when the database was up to date.
+
+        Example:
+            >>> app.init()
+            [1, 2, 3, 4]
+        """
+        return [step.version for step in migrate(self.engine)]
+
+    def _channel(self) -> str | None:
+        return CHANNEL if self.notify else None
+
+    def _tables(self) -> AbstractContextManager[None]:
+        """Turn a statement's failure into SchemaMissing when the dibs tables are missing or out of date."""
+        return tables_checked(self.engine)

@@ -1,0 +1,143 @@
+"""The migrations that create and upgrade the dibs tables, and :func:`migrate`, which applies them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Engine
+
+from dibs.dialects import backend_for
+from dibs.engine import connected
+from dibs.schema.tables import JOBS, OUTBOX, PERIODIC, SCHEMA, WORKERS, jobs, outbox, periodic, schema_versions, workers
+
+
+@dataclass(frozen=True, kw_only=True)
+class Migration:
+    """One step of the schema, applied once, in version order."""
+
+    version: int
+    description: str
+    apply: Callable[[Connection], None]
+    #: The table this step creates: if it goes missing later (dropped by hand, or by a restore), ``apply``
+    #: creates it again, in its current shape, the next time the database is migrated.
+    creates: str | None = None
+
+
+def _create_jobs(conn: Connection) -> None:
+    jobs.create(conn, checkfirst=True)
+
+
+def _create_outbox(conn: Connection) -> None:
+    outbox.create(conn, checkfirst=True)
+
+
+def _create_periodic(conn: Connection) -> None:
+    periodic.create(conn, checkfirst=True)
+
+
+def _exact_names_and_workers(conn: Connection) -> None:
+    present = set(sa.inspect(conn).get_table_names())
+    backend = backend_for(conn.dialect)
+    for table in (jobs, outbox, periodic):
+        if table.name in present:
+            backend.make_names_exact(conn, table)
+    workers.create(conn, checkfirst=True)
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(version=1, description="the jobs table", apply=_create_jobs, creates=JOBS),
+    Migration(version=2, description="the outbox table", apply=_create_outbox, creates=OUTBOX),
+    Migration(version=3, description="the periodic jobs table", apply=_create_periodic, creates=PERIODIC),
+    Migration(
+        version=4,
+        description="names and keys compare byte for byte on MySQL and MariaDB; the workers table",
+        apply=_exact_names_and_workers,
+        creates=WORKERS,
+    ),
+)
+#: The schema version this dibs needs.
+LATEST = max(step.version for step in MIGRATIONS)
+
+
+def current_version(bind: Engine | Connection) -> int:
+    """The newest migration applied to this database, 0 for none."""
+    with connected(bind) as conn:
+        if not sa.inspect(conn).has_table(SCHEMA):
+            return 0
+        return _newest_applied(conn)
+
+
+def _newest_applied(conn: Connection) -> int:
+    """The newest version recorded in dibs_schema (which exists), 0 for none."""
+    return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(schema_versions.c.version), 0))).scalar_one())
+
+
+#: How many times migrate() tries when its statements collide with another process migrating the database.
+MIGRATE_TRIES = 6
+
+
+def migrate(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> list[Migration]:
+    """Apply the migrations this database lacks, in order.
+
+    Processes may migrate one database at once (every replica running ``dibs init`` as it starts): a step
+    whose DDL or version row collides with another's is rolled back and, once that one is recorded, skipped.
+
+    Args:
+        bind: An Engine, or a Connection (each step commits on it).
+        migrations: The steps to apply; dibs's own unless given.
+
+    Returns:
+        The steps applied, none when the database was up to date.
+
+    Example:
+        >>> [step.version for step in dibs.migrate(engine)]
+        [1, 2, 3, 4]
+    """
+    applied: list[Migration] = []
+    for attempt in range(1, MIGRATE_TRIES + 1):
+        try:
+            _apply_missing(bind, migrations, applied)
+            return applied
+        except sa.exc.DBAPIError:
+            if attempt == MIGRATE_TRIES:
+                raise
+            if isinstance(bind, Connection) and bind.in_transaction():
+                bind.rollback()
+            time.sleep(0.05 * attempt)
+    return applied
+
+
+def _apply_missing(bind: Engine | Connection, migrations: tuple[Migration, ...], applied: list[Migration]) -> None:
+    with connected(bind) as conn:
+        schema_versions.create(conn, checkfirst=True)
+        _commit(conn)
+        present, done = tables_and_version(conn)
+        for migration in sorted(migrations, key=lambda step: step.version):
+            if migration.version <= done:
+                if migration.creates is not None and migration.creates not in present:
+                    # Recorded as applied, but its table is gone: create it again (empty).
+                    migration.apply(conn)
+                    _commit(conn)
+                continue
+            migration.apply(conn)
+            # The backend's clock in UTC (MySQL's NOW() is the session's local time).
+            now = backend_for(conn.dialect).now()
+            conn.execute(schema_versions.insert().values(version=migration.version, applied_at=now))
+            _commit(conn)
+            applied.append(migration)
+
+
+def tables_and_version(conn: Connection) -> tuple[set[str], int]:
+    """The database's table names and its newest applied migration (0 for none), in two queries."""
+    present = set(sa.inspect(conn).get_table_names())
+    if SCHEMA not in present:
+        return present, 0
+    return present, _newest_applied(conn)
+
+
+def _commit(conn: Connection) -> None:
+    if conn.in_transaction():
+        conn.commit()
