@@ -48,7 +48,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
-from tests.targets import MARIADB_URL, POSTGRES_URL, with_driver
+from tests.helpers.targets import MARIADB_URL, POSTGRES_URL, with_driver
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]

@@ -27,10 +27,6 @@ from dibs.dialects.transactions import driver_autocommit, explicit_transaction
 from dibs.dialects.values import FromNow, Inline, Name, app_now, inline, resolve_times
 from dibs.dialects.versions import server_version, warn_fallback
 
-#: The names due.py and outbox/ still import; they go once those modules use inline and from_now.
-constant = inline
-moment = from_now
-
 __all__ = [
     "LIMIT",
     "PICKED",
@@ -46,7 +42,6 @@ __all__ = [
     "StatementCache",
     "Then",
     "app_now",
-    "constant",
     "driver_autocommit",
     "explicit_transaction",
     "fenced_in_list",
@@ -60,7 +55,6 @@ __all__ = [
     "key_parameters",
     "key_values",
     "keys_in",
-    "moment",
     "positions_of",
     "python_order",
     "resolve_times",

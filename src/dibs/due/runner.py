@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
-import socket
 import time
 import traceback
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -23,6 +20,7 @@ from typing import Any, Protocol
 
 from sqlalchemy.engine import Engine, Row
 
+from dibs._checks import default_owner
 from dibs._errors import InvalidArgument
 from dibs.claim import whole_number
 from dibs.lease import Lease, Leases
@@ -76,7 +74,7 @@ class DueRunner:
             raise InvalidArgument(
                 f"max_sources and concurrency must be at least 1, got {max_sources!r}, {concurrency!r}"
             )
-        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.owner = owner or default_owner()
         self.stats = DueStats()
 
     def run(self, handler: Handler) -> DueStats:

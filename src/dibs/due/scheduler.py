@@ -23,12 +23,13 @@ from dibs._checks import checked_count, checked_seconds
 from dibs._errors import InvalidArgument
 from dibs.claim import column_of, resolve_table, whole_number
 from dibs.dialects import Backend, backend_for
-from dibs.dialects.base import moment
+from dibs.dialects.base import from_now
 from dibs.due.columns import IDLE, RUNNING, column_names
 from dibs.due.runner import AsyncHandler, DueRunner, DueStats, Handler
 from dibs.lease import Claimer, Duration, Lease, Leases
 
-#: Errors are kept up to this many characters.
+#: Errors are kept up to this many characters: the last-error column is the user's own TEXT, which MySQL caps
+#: at 64 KiB, so four-byte characters must fit (the dibs tables use a longer type and keep more).
 ERROR_LIMIT = 10_000
 _RETRY_AFTER = "dibs_retry_after"
 _DUE_CUTOFF = "dibs_due_cutoff"
@@ -141,7 +142,7 @@ class DueScheduler:
     def due(self, bind: Engine) -> list[sa.ColumnElement[bool]]:
         """The criteria of a due row on ``bind``'s database, as SQL, evaluated on the database clock now."""
         backend = backend_for(bind.dialect)
-        cutoff = None if self.constant_interval is None else moment(backend, -self.constant_interval, _DUE_CUTOFF)
+        cutoff = None if self.constant_interval is None else from_now(backend, -self.constant_interval, _DUE_CUTOFF)
         return self._due(backend, cutoff)
 
     def _due(self, backend: Backend, cutoff: sa.ColumnElement[Any] | None) -> list[sa.ColumnElement[bool]]:

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from dibs._checks import checked_count, checked_seconds, checked_text
+from dibs._checks import checked_count, checked_integer, checked_seconds, checked_text
 from dibs._errors import EventNotFound, InvalidArgument
 from dibs.dialects import backend_for
-from dibs.dialects.base import moment
+from dibs.dialects.base import from_now
 from dibs.engine import checked_url, connected, create_engine, database_url, writing
 from dibs.outbox.events import CHANNEL, NAME_LIMITS, OutboxEvent, event_from, insert_events, new_event
 from dibs.outbox.relay import Relay
@@ -270,7 +270,7 @@ class Outbox:
             recent: dict[str, int] = dict(
                 conn.execute(
                     sa.select(outbox.c.target, sa.func.count())
-                    .where(outbox.c.status == PUBLISHED, outbox.c.published_at >= moment(backend, -60.0))
+                    .where(outbox.c.status == PUBLISHED, outbox.c.published_at >= from_now(backend, -60.0))
                     .group_by(outbox.c.target)
                 ).all()
             )
@@ -372,6 +372,4 @@ def _states(status: str | Sequence[str]) -> list[str]:
 
 
 def _event_id(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidArgument(f"event ids are whole numbers, got {value!r}")
-    return value
+    return checked_integer(value, "an event id", 1)

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from dibs._checks import checked_count, checked_seconds, checked_text
+from dibs._checks import checked_count, checked_seconds, checked_text, default_owner
 from dibs._errors import InvalidArgument
 from dibs.lease import OWNER_LIMIT
 from dibs.outbox.events import NAME_LIMITS
 from dibs.schema import DEFAULT_TARGET
-
-
-def _unique_name() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,7 +46,7 @@ class RelaySettings:
     #: Stop once no event is left to publish, instead of waiting for more.
     burst: bool = False
     #: The relay's lease owner name, unique to it (default: host, process id and a random part).
-    name: str = field(default_factory=_unique_name)
+    name: str = field(default_factory=default_owner)
     #: Stop gracefully on SIGTERM and SIGINT (only where the relay runs in the main thread).
     handle_signals: bool = True
 

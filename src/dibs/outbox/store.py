@@ -19,10 +19,11 @@ from typing import Literal
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from dibs._checks import ERROR_LIMIT
 from dibs._errors import InvalidArgument
 from dibs.claim import claim
 from dibs.dialects import backend_for
-from dibs.dialects.base import constant, moment
+from dibs.dialects.base import from_now, inline
 from dibs.engine import connected
 from dibs.lease import Lease, Leases
 from dibs.schema import ABANDONED, FAILED, PENDING, PROCESSING, PUBLISHED, outbox
@@ -33,8 +34,6 @@ from dibs.schema import ABANDONED, FAILED, PENDING, PROCESSING, PUBLISHED, outbo
 FailedHead = Literal["block", "skip"]
 FAILED_HEAD_POLICIES = ("block", "skip")
 
-#: Errors are kept up to this many characters.
-ERROR_LIMIT = 60_000
 UPKEEP_BATCH = 1000
 _DELAY = "dibs_retry_delay"
 _TARGET = "dibs_target"
@@ -194,7 +193,7 @@ class OutboxStore:
         rows = claim(
             conn,
             outbox,
-            where=[outbox.c.status == constant(FAILED), outbox.c.next_attempt_at <= self.backend.now()],
+            where=[outbox.c.status == inline(FAILED), outbox.c.next_attempt_at <= self.backend.now()],
             set={outbox.c.status: PENDING},
             limit=limit,
             # In the due index's order: the database reads it from the index whatever its statistics say.
@@ -218,5 +217,5 @@ class OutboxStore:
             return int(connection.execute(query).scalar_one())
 
     def _purged(self, older_than: timedelta) -> list[sa.ColumnElement[bool]]:
-        cutoff = moment(self.backend, -older_than.total_seconds())
+        cutoff = from_now(self.backend, -older_than.total_seconds())
         return [outbox.c.status == PUBLISHED, outbox.c.published_at < cutoff]
