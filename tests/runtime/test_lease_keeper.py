@@ -18,8 +18,7 @@ from dibs.runtime import DatabaseThreads, LeaseKeeper
 from dibs.runtime.lease_keeper import Renew
 from tests.conformance.tables import fill, leased_columns
 from tests.helpers import BACKENDS, wait_until
-from tests.helpers.targets import database_url
-from tests.queue.support import SYNC_DRIVERS
+from tests.helpers.targets import SYNC_DRIVERS, database_url
 
 _tables = itertools.count()
 
