@@ -492,7 +492,7 @@ def test_requeue_makes_failed_and_abandoned_events_pending_with_their_retries_re
         outbox.requeue(status="published")
     with pytest.raises(dibs.InvalidArgument, match="only failed or abandoned"):
         outbox.requeue(status=["abandoned", "pending"])
-    with pytest.raises(dibs.InvalidArgument, match="whole numbers"):
+    with pytest.raises(dibs.InvalidArgument, match="event id must be a whole number"):
         outbox.requeue(["1"])  # type: ignore[list-item]
 
     assert outbox.requeue(status="failed") == 1  # the failed one only
@@ -530,7 +530,7 @@ def test_discard_deletes_abandoned_events_only_and_lets_their_aggregate_go_on(od
 
     assert outbox.discard([]) == 0
     assert outbox.discard([ids[state] for state in ("pending", "processing", "failed", "published")]) == 0
-    with pytest.raises(dibs.InvalidArgument, match="whole numbers"):
+    with pytest.raises(dibs.InvalidArgument, match="event id must be a whole number"):
         outbox.discard([True])
     assert outbox.discard([ids["abandoned"], head, ids["pending"]]) == 2
     assert sorted(statuses(outbox)) == sorted(

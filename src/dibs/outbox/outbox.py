@@ -28,13 +28,23 @@ from dibs._checks import checked_count, checked_integer, checked_seconds, checke
 from dibs._errors import EventNotFound, InvalidArgument
 from dibs.dialects import backend_for
 from dibs.dialects.base import from_now
-from dibs.engine import checked_url, connected, create_engine, database_url, writing
+from dibs.engine import connected, writing
 from dibs.outbox.events import CHANNEL, NAME_LIMITS, OutboxEvent, event_from, insert_events, new_event
 from dibs.outbox.relay import Relay
 from dibs.outbox.settings import RelaySettings
 from dibs.outbox.store import FailedHead, OutboxStore, checked_policy
 from dibs.retry import Retry
-from dibs.schema import ABANDONED, EVENT_STATES, FAILED, PENDING, PUBLISHED, aware, migrate, outbox, tables_checked
+from dibs.schema import (
+    ABANDONED,
+    EVENT_STATES,
+    FAILED,
+    PENDING,
+    PUBLISHED,
+    DibsDatabase,
+    aware,
+    outbox,
+    tables_checked,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
@@ -57,7 +67,7 @@ class OutboxStatus:
     published_per_second: float
 
 
-class Outbox:
+class Outbox(DibsDatabase):
     """The outbox table of one database (an Engine, a URL, or by default ``$DIBS_DATABASE_URL`` or the SQLite
     file ``dibs.sqlite``).
 
@@ -79,13 +89,7 @@ class Outbox:
         max_payload_bytes: int = 1_000_000,
         notify: bool = True,
     ) -> None:
-        if isinstance(db, Engine):
-            self._engine: Engine | None = db
-            self.url = db.url.render_as_string(hide_password=True)
-        else:
-            self._engine = None
-            self.url = database_url(db)
-            checked_url(self.url)  # refused now if it can never work; a server that is down, when used
+        super().__init__(db)
         self.on_failed_head = checked_policy(on_failed_head)
         checked_count(max_retries, "max_retries", minimum=0)
         if not isinstance(retry, Retry):
@@ -100,21 +104,10 @@ class Outbox:
     # -- database ----------------------------------------------------------------------------------
 
     @property
-    def engine(self) -> Engine:
-        """The Engine the outbox lives in, created on first use."""
-        if self._engine is None:
-            self._engine = create_engine(self.url)
-        return self._engine
-
-    @property
     def store(self) -> OutboxStore:
         if self._store is None:
             self._store = OutboxStore(self.engine, self.on_failed_head)
         return self._store
-
-    def init(self) -> list[int]:
-        """Create or upgrade the dibs tables; returns the versions applied (none when up to date)."""
-        return [step.version for step in migrate(self.engine)]
 
     # -- add ---------------------------------------------------------------------------------------
 

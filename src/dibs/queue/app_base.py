@@ -10,17 +10,16 @@ from typing import TYPE_CHECKING
 from sqlalchemy.engine import Engine
 
 from dibs._checks import checked_integer, checked_name
-from dibs.engine import checked_url, create_engine, database_url
 from dibs.queue.enqueue import CHANNEL
 from dibs.queue.store import JobStore
-from dibs.schema import migrate, tables_checked
+from dibs.schema import DibsDatabase, tables_checked
 
 if TYPE_CHECKING:
     from dibs.queue.periodic import Periodic
     from dibs.queue.task import Task
 
 
-class AppBase:
+class AppBase(DibsDatabase):
     """The App's database, tasks and schedules; see :class:`dibs.App`."""
 
     def __init__(
@@ -31,15 +30,7 @@ class AppBase:
         max_args_bytes: int = 1_000_000,
         notify: bool = True,
     ) -> None:
-        if isinstance(db, Engine):
-            self._engine: Engine | None = db
-            self.url = db.url.render_as_string(hide_password=True)
-        else:
-            self._engine = None
-            # A URL that can never work (an unknown kind of database, a driver not installed) is refused now;
-            # one that may work later (a server not up yet) when it is first used.
-            self.url = database_url(db)
-            checked_url(self.url)
+        super().__init__(db)
         #: The registered tasks by name.
         self.tasks: dict[str, Task] = {}
         #: Queues declared beyond those the tasks name.
@@ -53,13 +44,6 @@ class AppBase:
         self._store: JobStore | None = None
 
     @property
-    def engine(self) -> Engine:
-        """The Engine jobs live in, created on first use."""
-        if self._engine is None:
-            self._engine = create_engine(self.url)
-        return self._engine
-
-    @property
     def store(self) -> JobStore:
         """The job store on :attr:`engine`: the statements workers and the App run on the jobs table."""
         if self._store is None:
@@ -70,18 +54,6 @@ class AppBase:
     def queues(self) -> frozenset[str]:
         """Every queue a task names or the app declares."""
         return self.declared_queues | {task.queue for task in self.tasks.values()}
-
-    def init(self) -> list[int]:
-        """Create or upgrade the dibs tables.
-
-        Returns:
-            The schema versions applied, none when the database was up to date.
-
-        Example:
-            >>> app.init()
-            [1, 2, 3, 4]
-        """
-        return [step.version for step in migrate(self.engine)]
 
     def _channel(self) -> str | None:
         return CHANNEL if self.notify else None

@@ -5,6 +5,7 @@ tables and their indexes, described there), ``migrations`` (:func:`migrate`), ``
 database has the tables this dibs needs).
 """
 
+from dibs.schema.database import DibsDatabase
 from dibs.schema.migrations import (
     LATEST,
     MIGRATE_TRIES,
@@ -75,6 +76,7 @@ __all__ = [
     "STATES",
     "SUCCEEDED",
     "WORKERS",
+    "DibsDatabase",
     "LongText",
     "Migration",
     "Timestamp",
