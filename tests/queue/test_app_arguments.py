@@ -65,3 +65,16 @@ def test_periodic_calls_on_a_database_without_the_tables_say_to_run_dibs_init(em
     for call in (app.periodic_status, app.enqueue_periodic, app.sync_periodic):
         with pytest.raises(dibs.SchemaMissing, match=r"run `dibs --db URL init`"):
             call()
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file:jobs?mode=memory&uri=true"])
+def test_an_sqlite_database_in_memory_is_refused_saying_to_use_a_file(url: str) -> None:
+    # Each connection would get its own empty database: the worker's threads would never see the tables.
+    for front in (dibs.App, dibs.Outbox):
+        with pytest.raises(dibs.InvalidArgument, match=r"in memory.*use a file"):
+            front(url)
+
+
+def test_an_sqlite_database_in_memory_shared_by_name_is_taken() -> None:
+    app = dibs.App("sqlite:///file:jobs?mode=memory&cache=shared&uri=true")
+    assert app.url.endswith("cache=shared&uri=true")

@@ -90,7 +90,7 @@ def set_next_slot(engine: Engine, name: str, when: datetime) -> None:
 
 def standalone_app() -> dibs.App:
     """An App whose database is never touched (for checks that need no database)."""
-    return dibs.App("sqlite://")
+    return dibs.App("sqlite:///never-opened.sqlite")
 
 
 # -- 1. exactly once per slot ------------------------------------------------------------------------

@@ -63,7 +63,7 @@ def test_a_task_defined_in_a_script_without_a_name_warns_how_to_name_it(tmp_path
         """
         import dibs
 
-        app = dibs.App("sqlite://")
+        app = dibs.App("sqlite:///never-opened.sqlite")
 
         @app.task
         def send_receipt(order_id: int) -> None: ...
@@ -95,7 +95,7 @@ def test_a_worker_given_a_metrics_port_without_the_extra_says_which_extra_to_ins
         sys.modules["prometheus_client"] = None  # as if the metrics extra were not installed
         import dibs
 
-        app = dibs.App("sqlite://")
+        app = dibs.App("sqlite:///never-opened.sqlite")
 
         @app.task(name="shop.ship")
         def ship() -> None: ...
@@ -115,7 +115,7 @@ def test_a_worker_given_a_metrics_port_without_the_extra_says_which_extra_to_ins
 
 
 def test_a_task_is_found_by_its_full_name_or_by_its_function_when_that_is_unambiguous() -> None:
-    app = dibs.App("sqlite://")
+    app = dibs.App("sqlite:///never-opened.sqlite")
 
     @app.task(name="emails.send")
     def send(to: str) -> None: ...

@@ -48,7 +48,7 @@ def test_a_setting_out_of_range_is_refused_saying_what_fits(options: dict[str, o
 
 
 def test_a_relay_takes_settings_and_options_over_them() -> None:
-    outbox = dibs.Outbox("sqlite://")
+    outbox = dibs.Outbox("sqlite:///never-opened.sqlite")
     settings = dibs.RelaySettings(batch=50, concurrency=2)
     relay = outbox.relay("log://", settings, batch=10)
     assert (relay.settings.batch, relay.settings.concurrency) == (10, 2)

@@ -248,3 +248,15 @@ class SQLite(AppClock, BackendDefaults):
                     record.info[TIMEOUT_INFO] = cursor.execute("PRAGMA busy_timeout").fetchone()[0] / 1000
             finally:
                 cursor.close()
+
+
+def private_to_each_connection(url: sa.URL) -> bool:
+    """Whether ``url`` names an SQLite database in memory that each connection gets afresh: the tables one
+    connection creates are not there for the next."""
+    if url.get_backend_name() != "sqlite":
+        return False
+    database = url.database or ""
+    if database in ("", ":memory:"):
+        return True
+    shared = url.query.get("cache") == "shared" or "cache=shared" in database
+    return (url.query.get("mode") == "memory" or "mode=memory" in database) and not shared

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Engine
 
+from dibs._errors import InvalidArgument
+from dibs.dialects.sqlite import private_to_each_connection
 from dibs.engine import checked_url, create_engine, database_url
 from dibs.schema.migrations import migrate
 
@@ -13,8 +15,9 @@ class DibsDatabase:
     """An Engine given, or one made from a URL (``db``, else ``$DIBS_DATABASE_URL``, else the SQLite file
     ``dibs.sqlite``) when first used.
 
-    A URL that can never work (an unknown kind of database, a driver not installed) is refused at once; one
-    that may work later (a server not up yet) fails when it is first used.
+    A URL that can never work (an unknown kind of database, a driver not installed, an SQLite database in
+    memory, which every connection of a worker would see empty) is refused at once; one that may work later (a
+    server not up yet) fails when it is first used.
     """
 
     def __init__(self, db: str | Engine | None = None) -> None:
@@ -25,7 +28,11 @@ class DibsDatabase:
         else:
             self._engine = None
             self.url = database_url(db)
-            checked_url(self.url)
+            if private_to_each_connection(checked_url(self.url)):
+                raise InvalidArgument(
+                    f"{self.url!r} is an SQLite database in memory, a new empty one for every connection, and "
+                    "workers use several; use a file, such as sqlite:///dibs.sqlite (or one in a temporary folder)"
+                )
 
     @property
     def engine(self) -> Engine:
