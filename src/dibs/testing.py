@@ -108,8 +108,9 @@ def drain(app: App, **options: Any) -> list[Job]:
         scheduled later is ``scheduled``).
 
     Example:
-        >>> [job.status for job in drain(app)]
-        ['succeeded']
+        >>> statuses = {job.id: job.status for job in drain(app)}
+        >>> statuses[job.id]
+        'succeeded'
     """
     with app.engine.connect() as conn:
         waiting = set(conn.scalars(sa.select(jobs.c.id).where(jobs.c.status.not_in(FINISHED))))
