@@ -7,6 +7,7 @@ there, so a request that rolls back enqueues nothing.
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timezone
 from typing import Any
 
@@ -68,9 +69,7 @@ class DibsBackend(BaseTaskBackend):  # type: ignore[misc]
             from django.db import connections
 
             url = url_of(connections[self.database].settings_dict).render_as_string(hide_password=False)
-            app = App(url, queues=sorted(self.queues))
-            app.task(name=TASK, max_attempts=self.max_attempts)(run_task)
-            self._app = app
+            self._app = _app_for(url, sorted(self.queues), self.max_attempts)
         return self._app
 
     def enqueue(self, task: Task, args: list[Any], kwargs: dict[str, Any]) -> TaskResult:
@@ -114,6 +113,21 @@ class DibsBackend(BaseTaskBackend):  # type: ignore[misc]
             worker_ids=[job.lease_owner] if job.lease_owner else [],
         )
         return result
+
+
+#: Django makes a backend per thread: they share one App (and its engine) per database and settings.
+_apps: dict[tuple[str, tuple[str, ...], int], App] = {}
+_apps_lock = threading.Lock()
+
+
+def _app_for(url: str, queues: list[str], max_attempts: int) -> App:
+    key = (url, tuple(queues), max_attempts)
+    with _apps_lock:
+        if key not in _apps:
+            app = App(url, queues=queues)
+            app.task(name=TASK, max_attempts=max_attempts)(run_task)
+            _apps[key] = app
+        return _apps[key]
 
 
 def run_task(path: str, args: list[Any], kwargs: dict[str, Any], context: JobContext) -> None:
