@@ -120,12 +120,20 @@ def test_a_task_enqueued_in_a_rolled_back_transaction_leaves_no_job(project: Pro
                 raise RuntimeError("the request failed")
         except RuntimeError:
             pass
+        import sqlalchemy as sa
+        from django.db import connection
+        from dibs.django.database import url_of
+
+        elsewhere = sa.create_engine(url_of(connection.settings_dict))
         with transaction.atomic():
             kept = add.enqueue(2, 3)
-        out = [kept.id, kept.status]
+            with elsewhere.connect() as other:  # another connection sees no job before the commit
+                seen_before_commit = other.exec_driver_sql("SELECT count(*) FROM dibs_jobs").scalar()
+        elsewhere.dispose()
+        out = [kept.id, kept.status, seen_before_commit]
         """
     )
-    assert ids[1] == "READY"
+    assert ids[1:] == ["READY", 0]
     app = dibs.App(dibs_url(project))
     try:
         assert [job.id for job in app.jobs()] == [int(ids[0])]
