@@ -2,8 +2,8 @@
 
 ``dibs init`` (or :func:`dibs.migrate`) owns the dibs tables; a project whose own schema is migrated with
 Alembic passes :func:`include_object` to ``context.configure`` so that autogenerate neither drops nor
-alters them. A project that wants them in its Alembic history instead adds ``dibs.schema.metadata`` to its
-``target_metadata`` list.
+alters them. A project that wants them in its Alembic history too runs
+:func:`dibs.schema.script.migration_statements` in a revision of its own.
 """
 
 from __future__ import annotations

@@ -10,11 +10,12 @@ import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
+from alembic.operations import Operations
 
 import dibs
 from dibs.alembic import include_object
 from dibs.schema import LATEST, current_version, metadata
-from dibs.schema.script import migration_sql
+from dibs.schema.script import migration_sql, migration_statements
 from tests.acceptance.cli import dibs as run_dibs
 from tests.helpers.targets import SYNC_DRIVERS, database_url
 from tests.queue.support import drop_everything
@@ -88,3 +89,18 @@ def test_the_sql_command_refuses_a_step_range_backwards(tmp_path: Path) -> None:
     printed = run_dibs("sqlite:///unused.sqlite", tmp_path, "sql", "--from", "3", "--to", "1")
     assert printed.returncode != 0
     assert "start <= end" in printed.stderr
+
+
+def test_an_alembic_revision_running_the_statements_builds_a_schema_migrate_sees_as_current(
+    server_url: sa.URL,
+) -> None:
+    engine = sa.create_engine(server_url)
+    try:
+        with engine.begin() as conn:  # the transaction Alembic runs a revision's upgrade() in
+            operations = Operations(MigrationContext.configure(conn))
+            for statement in migration_statements(conn.dialect):
+                operations.execute(statement)
+        assert current_version(engine) == LATEST
+        assert dibs.migrate(engine) == []
+    finally:
+        engine.dispose()

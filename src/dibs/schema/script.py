@@ -13,7 +13,7 @@ from sqlalchemy.engine import Connection
 
 from dibs._errors import InvalidArgument
 from dibs.dialects import backend_for
-from dibs.schema.migrations import LATEST, MIGRATIONS, Migration
+from dibs.schema.migrations import LATEST, MIGRATIONS
 from dibs.schema.recorder import Recorder
 from dibs.schema.tables import schema_versions
 
@@ -43,6 +43,36 @@ def migration_sql(dialect: str | sa.Dialect, start: int = 0, end: int = LATEST) 
     Example:
         >>> print(dibs.migration_sql("postgresql", start=3))  # doctest: +SKIP
     """
+    lines: list[str] = []
+    for heading, statements in _steps(dialect, start, end):
+        lines += [f"-- {heading}", *(f"{statement};" for statement in statements), ""]
+    return "\n".join(lines)
+
+
+def migration_statements(dialect: str | sa.Dialect, start: int = 0, end: int = LATEST) -> list[str]:
+    """The statements of :func:`migration_sql`, one string each, without semicolons: for a migration tool
+    that runs them itself, such as an Alembic revision (``op.execute``).
+
+    Args:
+        dialect: As for :func:`migration_sql`.
+        start: The version the database has now (0: no dibs tables).
+        end: The version to reach.
+
+    Returns:
+        The statements, in order.
+
+    Raises:
+        InvalidArgument: The dialect is unknown, or the versions are out of range.
+
+    Example:
+        >>> for statement in migration_statements(op.get_bind().dialect):  # doctest: +SKIP
+        ...     op.execute(statement)
+    """
+    return [statement for _, statements in _steps(dialect, start, end) for statement in statements]
+
+
+def _steps(dialect: str | sa.Dialect, start: int, end: int) -> list[tuple[str, list[str]]]:
+    """Each step from ``start`` to ``end`` as a heading and its statements, the version row last."""
     resolved = _dialect(dialect)
     if not 0 <= start <= end <= LATEST:
         raise InvalidArgument(
@@ -50,25 +80,21 @@ def migration_sql(dialect: str | sa.Dialect, start: int = 0, end: int = LATEST) 
         )
     older = {step.creates for step in MIGRATIONS if step.version <= start and step.creates is not None}
     recorder = Recorder(resolved, older)
-    lines: list[str] = []
+    steps: list[tuple[str, list[str]]] = []
     if start == 0:
         recorder.record(sa.schema.CreateTable(schema_versions))
-        lines += ["-- dibs_schema: the migrations applied", *_flush(recorder), ""]
+        steps.append(("dibs_schema: the migrations applied", _flush(recorder)))
     for step in sorted(MIGRATIONS, key=lambda migration: migration.version):
         if start < step.version <= end:
-            lines += _step(recorder, step)
-    return "\n".join(lines)
-
-
-def _step(recorder: Recorder, step: Migration) -> list[str]:
-    step.apply(cast(Connection, recorder))
-    now = backend_for(recorder.dialect).now()
-    recorder.record(schema_versions.insert().values(version=step.version, applied_at=now))
-    return [f"-- dibs migration {step.version}: {step.description}", *_flush(recorder), ""]
+            step.apply(cast(Connection, recorder))
+            now = backend_for(recorder.dialect).now()
+            recorder.record(schema_versions.insert().values(version=step.version, applied_at=now))
+            steps.append((f"dibs migration {step.version}: {step.description}", _flush(recorder)))
+    return steps
 
 
 def _flush(recorder: Recorder) -> list[str]:
-    statements = [f"{statement};" for statement in recorder.statements]
+    statements = list(recorder.statements)
     recorder.statements.clear()
     return statements
 
