@@ -153,7 +153,8 @@ def eager(app: App, **options: Any) -> Iterator[list[Job]]:
     """Run each job as it is enqueued, in this process, until the block ends; yield the jobs that ran.
 
     A job enqueued in the caller's transaction (``conn=``) cannot run before that commits: it waits for the
-    next :func:`drain`, as it would for a worker.
+    next :func:`drain`, as it would for a worker. So does a job enqueued with ``aenqueue``: running it would
+    need a worker inside the caller's event loop.
 
     Args:
         app: The app whose enqueues run eagerly.
