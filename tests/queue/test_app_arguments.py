@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 import dibs
+from dibs.testing import drain
 from tests.queue.database import QueueDatabase
 from tests.queue.support import job_rows
 
@@ -25,7 +26,7 @@ def succeeded_and_dead_job(qdb: QueueDatabase) -> dibs.App:
 
     app.enqueue(ok)
     app.enqueue(fail)
-    qdb.drain(app)
+    assert [job.status for job in drain(app)] == ["succeeded", "dead"]
     time.sleep(0.01)
     return app
 

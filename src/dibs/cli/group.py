@@ -12,6 +12,7 @@ from dibs.cli.enqueue import enqueue
 from dibs.cli.jobs import jobs
 from dibs.cli.outbox import outbox
 from dibs.cli.shared import DibsGroup, run
+from dibs.cli.sql import sql
 from dibs.cli.status import status
 from dibs.cli.worker import worker
 from dibs.engine import database_url
@@ -73,5 +74,5 @@ def demo(count: int, workers: int, path: str | None, no_kill: bool) -> None:
         raise SystemExit(1)
 
 
-for subcommand in (worker, enqueue, status, jobs, outbox):
+for subcommand in (worker, enqueue, status, jobs, outbox, sql):
     command.add_command(subcommand)

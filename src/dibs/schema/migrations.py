@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from dibs.dialects import backend_for
 from dibs.engine import connected
+from dibs.schema.recorder import Recorder
 from dibs.schema.tables import JOBS, OUTBOX, PERIODIC, SCHEMA, WORKERS, jobs, outbox, periodic, schema_versions, workers
 
 
@@ -39,7 +40,7 @@ def _create_periodic(conn: Connection) -> None:
 
 
 def _exact_names_and_workers(conn: Connection) -> None:
-    present = set(sa.inspect(conn).get_table_names())
+    present = conn.tables if isinstance(conn, Recorder) else set(sa.inspect(conn).get_table_names())
     backend = backend_for(conn.dialect)
     for table in (jobs, outbox, periodic):
         if table.name in present:
@@ -93,8 +94,9 @@ def migrate(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRA
         The steps applied, none when the database was up to date.
 
     Example:
-        >>> [step.version for step in dibs.migrate(engine)]
-        [1, 2, 3, 4]
+        >>> applied = dibs.migrate(engine)
+        >>> applied[-1].version == dibs.schema.LATEST
+        True
     """
     applied: list[Migration] = []
     for attempt in range(1, MIGRATE_TRIES + 1):
