@@ -8,7 +8,7 @@ import pytest
 TASKS = """
 import dibs
 
-app = dibs.App("sqlite://")
+app = dibs.App("sqlite:///production.sqlite")
 ran = []
 
 
@@ -111,7 +111,7 @@ def test_the_database_option_points_the_fixtures_elsewhere(project: pytest.Pytes
             pass
 
         def test_after():
-            assert tasks.app.url == "sqlite://"
+            assert tasks.app.url == "sqlite:///production.sqlite"
         """
     )
     project.runpytest_subprocess("-q", f"--dibs-db={url}").assert_outcomes(passed=3)
