@@ -227,6 +227,12 @@ def test_relays_ride_out_database_restarts_and_keep_each_aggregate_in_order(
                     "0.03",
                 )
             )
+        # A relay still starting when the server goes down fails at once, as it should: restart only a running one.
+        wait_until(
+            lambda: all(relay.ready.exists() or not relay.alive() for relay in relays),
+            timeout=60,
+            what="both relays to start",
+        )
         for share, mode in ((0.25, "fast"), (0.55, "immediate")):
             wait_until(
                 lambda share=share: (
