@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import importlib
 import json
 import math
@@ -44,23 +45,27 @@ from typing import Any
 import sqlalchemy as sa
 
 import dibs
-from benchmarks import record
+from benchmarks import payload, record
 from benchmarks.connect import psycopg_connect
+from benchmarks.peers import node
+from dibs.runtime.collector import tuned_gc
 
 # The servers (the same variables as benchmarks.claim); the run works in databases of its own on them,
 # created at the start and dropped at the end, so that it never touches anyone's dibs tables.
 POSTGRES_URL = os.environ.get("DIBS_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 MARIADB_URL = os.environ.get("DIBS_BENCH_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
-DATABASE = "dibs_bench_drain"
+#: Its own database; a name of your own (DIBS_BENCH_DATABASE) keeps two runs on one server apart.
+DATABASE = os.environ.get("DIBS_BENCH_DATABASE", "dibs_bench_drain")
 #: The N jobs, enqueued once through dibs and copied into dibs_jobs before every trial.
 TEMPLATE = "dibs_bench_drain_template"
 ENQUEUE_CHUNK = 5_000
-#: N: MariaDB drains a quarter as fast, so it gets half the jobs to keep the run near ten minutes.
-DEFAULT_JOBS = {"postgresql": 50_000, "sqlite": 50_000, "mariadb": 25_000}
+#: N, the jobs of every trial of every kind on a backend: enough for a few seconds of the fastest drains.
+DEFAULT_JOBS = {"postgresql": 20_000, "sqlite": 20_000, "mariadb": 20_000}
 #: A trial drains min(N, JOBS_PER_BATCH x batch) jobs, so that small batches do not take minutes.
 JOBS_PER_BATCH = 250
 BACKENDS = ("postgresql", "sqlite", "mariadb")
 #: Where the results go; a test points it elsewhere so that its tiny runs never join the published ones.
+GC_VARIABLE = "DIBS_BENCH_GC"
 RESULTS = Path(os.environ.get("DIBS_BENCH_RESULTS", Path(__file__).parent / "results"))
 
 
@@ -69,7 +74,7 @@ def drain_app(url: str) -> dibs.App:
     app = dibs.App(url)
 
     @app.task(name="noop")
-    async def noop() -> None:
+    async def noop(**_: Any) -> None:
         return None
 
     return app
@@ -90,7 +95,7 @@ def prepare(backend: str, url: str, jobs: int) -> float:
     app.init()
     began = time.perf_counter()
     for first in range(0, jobs, ENQUEUE_CHUNK):
-        app.enqueue_many("noop", [{}] * min(ENQUEUE_CHUNK, jobs - first))
+        app.enqueue_many("noop", [payload.args(n) for n in range(first, min(first + ENQUEUE_CHUNK, jobs))])
     enqueued = jobs / (time.perf_counter() - began)
     with engine.begin() as conn:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {TEMPLATE}")
@@ -155,7 +160,7 @@ def dibs_drain(url: str, setting: dict[str, Any], owner: str, start: Any) -> tup
         connections=setting.get("connections"),
         handle_signals=False,
         name=owner,
-        tune_gc=True,  # as `dibs worker` runs it: the process runs the worker and nothing else
+        tune_gc=tuned(),  # with --gc, as `dibs worker` runs it; the other kinds get the same (see _process)
     )
     with contextlib.ExitStack() as opened:
         for _ in range(worker.connections):
@@ -326,12 +331,12 @@ def raw_drain(
 # -- the peers ---------------------------------------------------------------------------------------
 
 #: Every peer module in benchmarks/peers, by kind name; each is imported only when its kind is asked for.
-PEERS = ("pgqueuer", "procrastinate", "huey")
+PEERS = ("pgqueuer", "procrastinate", "huey", "graphile-worker", "pg-boss")
 KINDS = ("raw", "dibs", *PEERS)
 
 
 def peer(kind: str) -> Any:
-    return importlib.import_module(f"benchmarks.peers.{kind}")
+    return importlib.import_module(f"benchmarks.peers.{kind.replace('-', '_')}")
 
 
 def peer_settings(kind: str, text: str | None) -> list[dict[str, Any]]:
@@ -342,14 +347,22 @@ def peer_settings(kind: str, text: str | None) -> list[dict[str, Any]]:
 # -- running trials --------------------------------------------------------------------------------
 
 
+def tuned() -> bool:
+    """Whether the run tunes the garbage collector of every worker process (``--gc``), dibs's and the others'."""
+    return os.environ.get(GC_VARIABLE) == "1"
+
+
 class _Started:
-    """The start barrier, noting the process's CPU time when it is passed."""
+    """The start barrier, noting the process's CPU time when it is passed; with ``--gc`` the objects made
+    until then are frozen first, as dibs's tuned worker freezes them."""
 
     def __init__(self, barrier: Any) -> None:
         self.barrier = barrier
         self.cpu = 0.0
 
     def wait(self) -> None:
+        if tuned():
+            gc.freeze()
         self.barrier.wait()
         self.cpu = time.process_time()
 
@@ -362,11 +375,15 @@ def _process(
     started = _Started(start)
     if kind == "dibs":
         done, end, stats = dibs_drain(url, setting, owner, started)
-    elif kind == "raw":
-        done, end, stats = raw_drain(backend, url, setting, owner, started)
-    else:
-        done, end, stats = peer(kind).drain(url, setting, started)
-    return done, end, {**stats, "cpu_seconds": time.process_time() - started.cpu}
+        return done, end, {**stats, "cpu_seconds": time.process_time() - started.cpu}
+    with tuned_gc() if tuned() else contextlib.nullcontext():
+        if kind == "raw":
+            done, end, stats = raw_drain(backend, url, setting, owner, started)
+        else:
+            done, end, stats = peer(kind).drain(url, setting, started)
+    # A Node peer's worker is a child process: its CPU time is its own, reported by its driver.
+    cpu = time.process_time() - started.cpu + stats.pop("child_cpu_seconds", 0.0)
+    return done, end, {**stats, "cpu_seconds": cpu}
 
 
 @dataclass
@@ -451,15 +468,15 @@ def trial(
     )
 
 
-def urls(tmp: Path) -> dict[str, str]:
+def urls(tmp: Path, database: str = DATABASE) -> dict[str, str]:
     return {
-        "postgresql": sa.make_url(POSTGRES_URL).set(database=DATABASE).render_as_string(hide_password=False),
+        "postgresql": sa.make_url(POSTGRES_URL).set(database=database).render_as_string(hide_password=False),
         "sqlite": f"sqlite:///{tmp / 'drain.sqlite'}",
-        "mariadb": sa.make_url(MARIADB_URL).set(database=DATABASE).render_as_string(hide_password=False),
+        "mariadb": sa.make_url(MARIADB_URL).set(database=database).render_as_string(hide_password=False),
     }
 
 
-def own_database(backend: str, create: bool) -> None:
+def own_database(backend: str, create: bool, database: str = DATABASE) -> None:
     """Create (or drop) the run's database on the PostgreSQL or MariaDB server."""
     if backend == "sqlite":
         return
@@ -467,9 +484,9 @@ def own_database(backend: str, create: bool) -> None:
     admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         force = " WITH (FORCE)" if backend == "postgresql" else ""
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DATABASE}{force}")
+        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {database}{force}")
         if create:
-            conn.exec_driver_sql(f"CREATE DATABASE {DATABASE}")
+            conn.exec_driver_sql(f"CREATE DATABASE {database}")
     admin.dispose()
 
 
@@ -645,6 +662,7 @@ def arguments() -> argparse.ArgumentParser:
         default="2000x1000,2000x2000,2000x1000x1",
         help="dibs worker settings, concurrency x batch [x connections] (default: the worker's)",
     )
+    parser.add_argument("--gc", action="store_true", help="tune the GC of every worker process alike (freeze)")
     parser.add_argument("--poll", type=float, default=2.0, help="dibs worker poll seconds (its default: 2)")
     for name in PEERS:
         parser.add_argument(f"--{name}", default=None, help=f"{name} settings (default: its module's SETTINGS)")
@@ -663,7 +681,12 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"--kinds: unknown {sorted(unknown)}; known: {', '.join(KINDS)}")
     process_counts = [int(p) for p in options.processes.split(",")]
     configs = parse_configs(options.configs, options.poll)
-    peers = {kind: peer_settings(kind, getattr(options, kind)) for kind in PEERS if kind in kinds}
+    absent = node.missing()
+    if absent and set(kinds) & set(node.DRIVERS):
+        print(f"  note: {absent}", flush=True)
+        kinds = [kind for kind in kinds if kind not in node.DRIVERS]
+    os.environ[GC_VARIABLE] = "1" if options.gc else "0"  # the spawned workers inherit it
+    peers = {kind: peer_settings(kind, getattr(options, kind.replace("-", "_"))) for kind in PEERS if kind in kinds}
     rates = [float(rate) for rate in options.latency_rates.split(",") if rate]
     began = time.time()
     load_before = os.getloadavg()
@@ -686,7 +709,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                     for processes in process_counts:
                         for _ in range(options.repeats):
                             for kind, setting in round_plan(kinds, configs, here):
-                                jobs = peer(kind).JOBS if kind in PEERS else trial_jobs(setting["batch"], total)
+                                jobs = total if kind in PEERS else trial_jobs(setting["batch"], total)
                                 result = trial(
                                     manager, kind, backend, url, setting, processes, jobs, databases.get(kind)
                                 )
@@ -710,7 +733,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 def describe(result: Trial) -> str:
     span = result.jobs / result.db_seconds if result.db_seconds == result.db_seconds else float("nan")
     return (
-        f"{result.backend:<10} x{result.processes}  {result.kind:<13} {result.setting:<12} {result.jobs:>7,} jobs "
+        f"{result.backend:<10} x{result.processes}  {result.kind:<16} {result.setting:<12} {result.jobs:>7,} jobs "
         f"{result.jobs_per_second:>10,.0f} jobs/s, {result.cpu_us_per_job:.0f} us CPU/job  (first claim to last "
         f"completion: {span:,.0f} jobs/s; "
         f"processes done at {', '.join(f'{end:.2f}' for end in result.ends)} s)"
@@ -819,7 +842,7 @@ def report(
 ) -> dict[str, Any]:
     print("\nmedian jobs/s of each setting")
     print(
-        f"{'backend':<11}{'procs':>6}  {'kind':<14}{'setting':<13}{'jobs':>8}{'median':>11}{'trials':>8}"
+        f"{'backend':<11}{'procs':>6}  {'kind':<17}{'setting':<13}{'jobs':>8}{'median':>11}{'trials':>8}"
         f"{'CPU us/job':>12}"
     )
     seen = sorted(
@@ -831,13 +854,13 @@ def report(
         count = sum(1 for t in trials if all(getattr(t, k) == v for k, v in match.items()))
         middle = median_of(trials, **match) or 0.0
         cpu = statistics.median(t.cpu_us_per_job for t in trials if all(getattr(t, k) == v for k, v in match.items()))
-        print(f"{backend:<11}{processes:>6}  {kind:<14}{setting:<13}{jobs:>8,}{middle:>11,.0f}{count:>8}{cpu:>12.0f}")
+        print(f"{backend:<11}{processes:>6}  {kind:<17}{setting:<13}{jobs:>8,}{middle:>11,.0f}{count:>8}{cpu:>12.0f}")
 
     summary = summarize(trials)
     print("\nbest median per kind; dibs/raw at dibs's best batch size, dibs/peer best against best")
-    print(f"{'backend':<11}{'procs':>6}  " + "".join(f"{kind:>15}" for kind in KINDS) + "   ratios")
+    print(f"{'backend':<11}{'procs':>6}  " + "".join(f"{kind:>16}" for kind in KINDS) + "   ratios")
     for row in summary:
-        cells = "".join(f"{row[kind]['jobs_per_second']:>15,.0f}" if kind in row else f"{'-':>15}" for kind in KINDS)
+        cells = "".join(f"{row[kind]['jobs_per_second']:>16,.0f}" if kind in row else f"{'-':>16}" for kind in KINDS)
         ratios = ", ".join(
             f"/{kind} {row[f'dibs_over_{kind}']:.2f}" for kind in ("raw", *PEERS) if f"dibs_over_{kind}" in row
         )

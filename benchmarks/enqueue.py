@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -53,6 +54,7 @@ ON = {
     "pg-boss": ("postgresql",),
 }
 MODES = {"raw-copy": ("batch",), "huey": ("one",)}
+DATABASE = os.environ.get("DIBS_BENCH_ENQUEUE_DATABASE", "dibs_bench_enqueue")
 PACKAGES = ("sqlalchemy", "psycopg", "pymysql", "pgqueuer", "asyncpg", "uvloop", "procrastinate", "huey")
 #: The issue's goals: dibs against a floor or a peer, at least this ratio.
 GOALS = [
@@ -123,8 +125,8 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             return files[jobs]
 
         for backend in options.backends.split(","):
-            own_database(backend, create=True)
-            url = urls(Path(tmp))[backend]
+            own_database(backend, create=True, database=DATABASE)
+            url = urls(Path(tmp), DATABASE)[backend]
             systems = [system for system in wanted if backend in ON.get(system, BACKENDS)]
             made = {system: make(system, backend, url, payload_file) for system in systems}
             payloads = {mode: payload.many(size) for mode, size in sizes.items()}
@@ -145,7 +147,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                 enqueuer.close()
             if options.gc:
                 gc.unfreeze()
-            own_database(backend, create=False)
+            own_database(backend, create=False, database=DATABASE)
     summary = summarize(trials)
     result = {"benchmark": "enqueue", "options": vars(options), "versions": versions, "node_missing": absent,
               "trials": trials, "summary": summary, "goals": goals(summary)}  # fmt: skip

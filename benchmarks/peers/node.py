@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -69,3 +71,67 @@ def run(kind: str, command: str, *arguments: str, timeout: float = 900) -> dict[
         raise RuntimeError(f"{kind} {command} failed ({found.returncode}): {found.stderr.strip()[-2000:]}")
     result: dict[str, Any] = json.loads(found.stdout.strip().splitlines()[-1])
     return result
+
+
+class Database:
+    """A Node peer's database of its own: its schema installed by its driver, refilled through its own bulk
+    call before each trial, checked after. ``verify`` runs ``checks`` (the SQL of what a finished drain leaves)
+    and compares it with ``expected(jobs)``."""
+
+    def __init__(self, kind: str, backend: str, server_url: str, checks: str, span: str | None) -> None:
+        if backend != "postgresql":
+            raise ValueError(f"{kind} runs on postgresql, not {backend}")
+        self.kind, self.server_url, self.checks, self.span = kind, server_url, checks, span
+        self.name = "dibs_bench_" + kind.replace("-", "_")
+        self.dsn = fresh_database(server_url, self.name)
+        self.version = run(kind, "install", self.dsn)["version"]
+        self.folder = tempfile.TemporaryDirectory()
+
+    def address(self) -> str:
+        return self.dsn
+
+    def refill(self, jobs: int) -> None:
+        from benchmarks import payload
+
+        path = Path(self.folder.name) / f"payloads-{jobs}.json"
+        if not path.exists():
+            path.write_text(json.dumps(payload.many(jobs)))
+        run(self.kind, "fill", self.dsn, str(path))
+
+    def found(self) -> tuple[dict[str, int], float]:
+        import psycopg
+
+        with psycopg.connect(self.dsn) as conn:
+            found = {str(state): int(count) for state, count in conn.execute(self.checks)}
+            span = conn.execute(self.span).fetchone() if self.span else None
+        return found, float("nan") if span is None or span[0] is None else float(span[0])
+
+    def close(self) -> None:
+        self.folder.cleanup()
+        drop_database(self.server_url, self.name)
+
+
+def drain(kind: str, address: str, setting: dict[str, Any], start: Any) -> tuple[int, float, dict[str, Any]]:
+    """Run ``kind``'s drain driver: it opens its connections and says it is ready, waits for a line on its
+    stdin, which it gets once ``start`` is passed, and prints the jobs its handler ran when the queue is empty."""
+    process = subprocess.Popen(
+        ["node", str(HERE / DRIVERS[kind]), "drain", address, json.dumps(setting)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "DIBS_NODE_PEERS": str(FOLDER)},
+    )
+    assert process.stdin is not None
+    assert process.stdout is not None
+    if not json.loads(process.stdout.readline() or "{}").get("ready"):
+        process.kill()
+        raise RuntimeError(f"{kind} drain did not start (exit {process.wait()})")
+    start.wait()
+    process.stdin.write("go\n")
+    process.stdin.flush()
+    line = process.stdout.readline()
+    end = time.monotonic()
+    if process.wait(timeout=60) != 0 or not line:
+        raise RuntimeError(f"{kind} drain failed (exit {process.returncode})")
+    result = json.loads(line)
+    return int(result["done"]), end, {"child_cpu_seconds": result["cpu_seconds"], kind: result["version"]}

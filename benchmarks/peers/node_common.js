@@ -24,4 +24,15 @@ function seconds (began) {
   return Number(process.hrtime.bigint() - began) / 1e9
 }
 
-module.exports = { load, version, payloads, report, seconds }
+// A drain waits, connections open, until the parent passes the start barrier and writes a line.
+function ready () {
+  report({ ready: true })
+  return new Promise((resolve) => process.stdin.once('data', () => resolve()))
+}
+
+function cpuSeconds (since) {
+  const used = process.cpuUsage(since)
+  return (used.user + used.system) / 1e6
+}
+
+module.exports = { load, version, payloads, report, seconds, ready, cpuSeconds }
