@@ -9,8 +9,14 @@ trial the database is checked: every job must be finished exactly once, or the r
 * ``pgqueuer`` (PostgreSQL only, its own database): ``PgQueuer.run(mode=drain)`` on asyncpg and uvloop,
   the setup its docs recommend for throughput, at several batch sizes.
 * ``raw``: the floor. A loop on the bare driver of one claim statement of a batch (the shape dibs
-  uses) and one batched, token-fenced completion of the rows it got, on the same freshly filled
-  ``dibs_jobs`` table, at each batch size the dibs settings use.
+  uses) and, on a second connection and thread, one batched, token-fenced completion of the batch
+  before (dibs's worker overlaps them the same way), on the same freshly filled ``dibs_jobs`` table, at
+  each batch size the dibs settings use.
+* ``graphile-worker`` and ``pg-boss`` (PostgreSQL, where Node is installed): their Node drivers in
+  ``benchmarks/peers``, each in a database of its own.
+
+Every job carries the same small arguments (``benchmarks.payload``); every kind drains the same N jobs
+with two settings; ``--gc`` tunes the garbage collector of every worker process alike, or none.
 
 Trials alternate between kinds within each round so that drift on a noisy machine hits all of them;
 medians are reported. Then, on PostgreSQL, enqueue-to-start latency: a producer process enqueues one job
@@ -33,10 +39,13 @@ import math
 import multiprocessing
 import os
 import platform
+import queue
 import sqlite3
 import statistics
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -210,21 +219,48 @@ def held_tokens(ids: list[int], tokens: list[int]) -> str:
     return json.dumps(dict(zip(ids, tokens, strict=True)))
 
 
+#: The ids of a claimed batch and their lease tokens.
+Held = tuple[list[int], list[int]]
+
+
+def overlapped(claim: Callable[[], Held], complete: Callable[[list[int], list[int]], int]) -> int:
+    """Claim batches on this thread while a second thread completes the previous one on a connection of its
+    own, as dibs's worker overlaps them; returns the jobs completed. ``claim`` returns the ids and tokens it
+    got, none once the queue is empty."""
+    handoff: queue.Queue[Held | None] = queue.Queue(maxsize=1)
+    done = 0
+
+    def completer() -> None:
+        nonlocal done
+        while (held := handoff.get()) is not None:
+            done += complete(*held)
+
+    thread = threading.Thread(target=completer, name="raw-completer")
+    thread.start()
+    try:
+        while (held := claim())[0]:
+            handoff.put(held)
+    finally:
+        handoff.put(None)
+        thread.join()
+    return done
+
+
 def raw_postgresql(url: str, batch: int, owner: str, start: Any) -> int:
     # Autocommit: each statement is atomic on its own, no BEGIN/COMMIT round trips.
-    with psycopg_connect(url, autocommit=True) as conn:
-        start.wait()
-        done = 0
-        while True:
-            cursor = conn.execute(PG_CLAIM, {"batch": batch, "owner": owner})
+    with psycopg_connect(url, autocommit=True) as claimer, psycopg_connect(url, autocommit=True) as completer:
+
+        def claim() -> tuple[list[int], list[int]]:
+            cursor = claimer.execute(PG_CLAIM, {"batch": batch, "owner": owner})
             rows = cursor.fetchall()
-            if not rows:
-                return done
             token = [column.name for column in cursor.description or ()].index("lease_token")
-            ids = [row[0] for row in rows]
-            tokens = held_tokens(ids, [row[token] for row in rows])
-            finished = conn.execute(PG_COMPLETE, {"ids": ids, "tokens": tokens}).fetchall()
-            done += len(finished)
+            return [row[0] for row in rows], [row[token] for row in rows]
+
+        def complete(ids: list[int], tokens: list[int]) -> int:
+            return len(completer.execute(PG_COMPLETE, {"ids": ids, "tokens": held_tokens(ids, tokens)}).fetchall())
+
+        start.wait()
+        return overlapped(claim, complete)
 
 
 SQLITE_CLAIM = """
@@ -242,32 +278,38 @@ def _sqlite_now(offset: float = 0.0) -> str:
     return str(datetime.now(timezone.utc).replace(tzinfo=None) + timedelta(seconds=offset))
 
 
-def raw_sqlite(url: str, batch: int, owner: str, start: Any) -> int:
-    conn = sqlite3.connect(sa.make_url(url).database or "", isolation_level=None, timeout=10)
+def _sqlite_connect(url: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(sa.make_url(url).database or "", isolation_level=None, timeout=10, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
-    start.wait()
-    done = 0
-    token: int | None = None
-    while True:
-        now = _sqlite_now()
-        conn.execute("BEGIN IMMEDIATE")
-        cursor = conn.execute(SQLITE_CLAIM, (owner, _sqlite_now(30.0), now, batch))
+    return conn
+
+
+def raw_sqlite(url: str, batch: int, owner: str, start: Any) -> int:
+    claimer, completer = _sqlite_connect(url), _sqlite_connect(url)
+
+    def claim() -> tuple[list[int], list[int]]:
+        claimer.execute("BEGIN IMMEDIATE")
+        cursor = claimer.execute(SQLITE_CLAIM, (owner, _sqlite_now(30.0), _sqlite_now(), batch))
         rows = cursor.fetchall()
-        conn.execute("COMMIT")
-        if not rows:
-            conn.close()
-            return done
-        if token is None:
-            token = [column[0] for column in cursor.description].index("lease_token")
-        tokens = held_tokens([row[0] for row in rows], [row[token] for row in rows])
-        conn.execute("BEGIN IMMEDIATE")
-        finished = conn.execute(SQLITE_COMPLETE, (_sqlite_now(), tokens)).fetchall()
-        conn.execute("COMMIT")
-        done += len(finished)
+        claimer.execute("COMMIT")
+        token = [column[0] for column in cursor.description].index("lease_token")
+        return [row[0] for row in rows], [row[token] for row in rows]
+
+    def complete(ids: list[int], tokens: list[int]) -> int:
+        completer.execute("BEGIN IMMEDIATE")
+        finished = completer.execute(SQLITE_COMPLETE, (_sqlite_now(), held_tokens(ids, tokens))).fetchall()
+        completer.execute("COMMIT")
+        return len(finished)
+
+    start.wait()
+    done = overlapped(claim, complete)
+    claimer.close()
+    completer.close()
+    return done
 
 
-def raw_mariadb(url: str, batch: int, owner: str, start: Any) -> int:
+def _mariadb_connect(url: str) -> Any:
     import pymysql
 
     address = sa.make_url(url)
@@ -278,12 +320,15 @@ def raw_mariadb(url: str, batch: int, owner: str, start: Any) -> int:
         password=address.password or "",
         database=address.database,
     )
-    cursor = conn.cursor()
-    cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-    start.wait()
-    done = 0
-    token: int | None = None
-    while True:
+    conn.cursor().execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    return conn
+
+
+def raw_mariadb(url: str, batch: int, owner: str, start: Any) -> int:
+    claimer, completer = _mariadb_connect(url), _mariadb_connect(url)
+
+    def claim() -> tuple[list[int], list[int]]:
+        cursor = claimer.cursor()
         cursor.execute(
             "SELECT id FROM dibs_jobs WHERE status = 'queued' AND queue = 'default' "
             "ORDER BY priority DESC, run_at, id LIMIT %s FOR UPDATE SKIP LOCKED",
@@ -291,9 +336,8 @@ def raw_mariadb(url: str, batch: int, owner: str, start: Any) -> int:
         )
         ids = [row[0] for row in cursor.fetchall()]
         if not ids:
-            conn.commit()
-            conn.close()
-            return done
+            claimer.commit()
+            return [], []
         marks = ", ".join(["%s"] * len(ids))
         cursor.execute(
             "UPDATE dibs_jobs SET status = 'running', lease_owner = %s, "
@@ -304,18 +348,27 @@ def raw_mariadb(url: str, batch: int, owner: str, start: Any) -> int:
         )
         cursor.execute(f"SELECT * FROM dibs_jobs WHERE id IN ({marks})", ids)
         rows = cursor.fetchall()
-        conn.commit()
-        if token is None:
-            token = [column[0] for column in cursor.description].index("lease_token")
-        pairs = ", ".join(["(%s, %s)"] * len(rows))
-        finished = cursor.execute(
+        claimer.commit()
+        token = [column[0] for column in cursor.description].index("lease_token")
+        return [row[0] for row in rows], [row[token] for row in rows]
+
+    def complete(ids: list[int], tokens: list[int]) -> int:
+        marks = ", ".join(["%s"] * len(ids))
+        pairs = ", ".join(["(%s, %s)"] * len(ids))
+        finished = completer.cursor().execute(
             "UPDATE dibs_jobs SET status = 'succeeded', lease_expires_at = NULL, dedupe_key = NULL, "
             f"finished_at = UTC_TIMESTAMP(6) WHERE id IN ({marks}) AND (id, lease_token) IN ({pairs}) "
             "AND status = 'running'",
-            [row[0] for row in rows] + [value for row in rows for value in (row[0], row[token])],
+            [*ids, *(value for pair in zip(ids, tokens, strict=True) for value in pair)],
         )
-        conn.commit()
-        done += finished
+        completer.commit()
+        return int(finished)
+
+    start.wait()
+    done = overlapped(claim, complete)
+    claimer.close()
+    completer.close()
+    return done
 
 
 RAW = {"postgresql": raw_postgresql, "sqlite": raw_sqlite, "mariadb": raw_mariadb}
@@ -659,7 +712,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"of {', '.join(KINDS)}")
     parser.add_argument(
         "--configs",
-        default="2000x1000,2000x2000,2000x1000x1",
+        default="2000x1000,2000x1000x1",
         help="dibs worker settings, concurrency x batch [x connections] (default: the worker's)",
     )
     parser.add_argument("--gc", action="store_true", help="tune the GC of every worker process alike (freeze)")
