@@ -9,7 +9,7 @@ from typing import Any
 
 
 def args(n: int) -> dict[str, Any]:
-    """The arguments of the ``n``-th job: the same for every system, about 150 bytes of JSON."""
+    """The arguments of the ``n``-th job: the same for every system, about 120 bytes of JSON."""
     return {
         "order_id": 1_000_000 + n,
         "customer_id": 50_000 + n % 977,
