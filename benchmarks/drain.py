@@ -719,7 +719,7 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--poll", type=float, default=2.0, help="dibs worker poll seconds (its default: 2)")
     for name in PEERS:
         parser.add_argument(f"--{name}", default=None, help=f"{name} settings (default: its module's SETTINGS)")
-    parser.add_argument("--latency-rates", default="500,2000,8000", help="offered jobs/s; empty skips latency")
+    parser.add_argument("--latency-rates", default="1000,5000", help="offered jobs/s; empty skips latency")
     parser.add_argument("--latency-seconds", type=float, default=8.0)
     return parser
 
@@ -774,8 +774,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             if "postgresql" in backends:
                 for rate in rates:
                     measured = latency(manager, where["postgresql"], rate, options.latency_seconds, LATENCY_WORKER)
-                    latencies.append(measured)
-                    print(f"  latency, {describe_latency(measured)}", flush=True)
+                    latencies.append({"kind": "dibs", **measured})
+                    print(f"  latency, {describe_latency(latencies[-1])}", flush=True)
+                    # graphile-worker side by side where one producer process offers the rate, as dibs's does.
+                    if "graphile-worker" in kinds and rate <= PRODUCER_RATE:
+                        measured = node.latency("graphile-worker", POSTGRES_URL, rate, options.latency_seconds)
+                        latencies.append(measured)
+                        print(f"  latency, {describe_latency(measured)}", flush=True)
         finally:
             for backend in backends:
                 own_database(backend, create=False)
@@ -870,9 +875,10 @@ def goals(summary: list[dict[str, Any]]) -> list[str]:
 
 
 def describe_latency(result: dict[str, Any]) -> str:
+    per = f", {result['jobs_per_transaction']:.1f} per transaction" if "jobs_per_transaction" in result else ""
     return (
-        f"{result['offered_rate']:,.0f} jobs/s offered, {result['achieved_rate']:,.0f} achieved ({result['jobs']:,} "
-        f"jobs, {result['jobs_per_transaction']:.1f} per transaction): p50 {result['p50_ms']:.1f} ms, "
+        f"{result.get('kind', 'dibs')}: {result['offered_rate']:,.0f} jobs/s offered, "
+        f"{result['achieved_rate']:,.0f} achieved ({result['jobs']:,} jobs{per}): p50 {result['p50_ms']:.1f} ms, "
         f"p95 {result['p95_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, max {result['max_ms']:.1f} ms"
     )
 

@@ -237,7 +237,7 @@ class Node:
 
     def __init__(self, kind: str, server_url: str, payload_file: Callable[[int], str]) -> None:
         self.kind, self.server_url, self.payload_file = kind, server_url, payload_file
-        self.database = "dibs_bench_" + kind.replace("-", "_")
+        self.database = "dibs_bench_enqueue_" + kind.replace("-", "_")
         self.found = 0
         self.versions: dict[str, str] = {}
 

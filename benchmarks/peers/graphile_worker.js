@@ -99,8 +99,62 @@ async function fill (dsn, file) {
   report({ jobs: jobs.length })
 }
 
+// Wall-clock milliseconds with sub-millisecond precision, comparable between processes (and with Python's
+// time.time() * 1000).
+function now () {
+  return performance.timeOrigin + performance.now()
+}
+
+// `latency-worker DSN TOTAL`: a running (not burst) worker with the performance settings, woken by
+// LISTEN/NOTIFY, until TOTAL jobs have started; prints each job's wait from its `sent` time to its start.
+async function latencyWorker (dsn, total) {
+  const options = preset({ jobs: 24, local_queue: 500 })
+  const pool = await openPool(dsn, options.worker.maxPoolSize)
+  const waits = []
+  let finished
+  const allStarted = new Promise((resolve) => { finished = resolve })
+  const taskList = {
+    stamp: async (payload) => {
+      waits.push(now() - payload.sent)
+      if (waits.length === Number(total)) finished()
+    }
+  }
+  const logger = new (load('@graphile/logger').Logger)(() => () => {})
+  const runner = await run({ pgPool: pool, taskList, noHandleSignals: true, logger, preset: options })
+  await ready()
+  await allStarted
+  await new Promise((resolve) => setTimeout(resolve, 500))
+  report({ waits, version: version('graphile-worker') })
+  await runner.stop()
+  await pool.end()
+}
+
+// `latency-producer DSN RATE TOTAL`: job n is due at n / RATE seconds; the jobs that have come due go in
+// with one `addJobs` (one `addJob` when one is due), each carrying the time just before the call.
+async function latencyProducer (dsn, rate, total) {
+  const utils = await makeWorkerUtils({ connectionString: dsn })
+  await ready()
+  await new Promise((resolve) => setTimeout(resolve, 1000))
+  const began = now()
+  let sent = 0
+  while (sent < total) {
+    const elapsed = (now() - began) / 1000
+    const due = Math.min(total, Math.floor(elapsed * rate) + 1) - sent
+    if (due <= 0) {
+      await new Promise((resolve) => setTimeout(resolve, Math.max(0, ((sent / rate) - elapsed) * 1000)))
+      continue
+    }
+    const payload = { sent: now() }
+    if (due === 1) await utils.addJob('stamp', payload)
+    else await utils.addJobs(Array.from({ length: due }, () => ({ identifier: 'stamp', payload })))
+    sent += due
+  }
+  report({ jobs: sent, seconds: (now() - began) / 1000 })
+  await utils.release()
+}
+
 const [command, ...rest] = process.argv.slice(2)
-const commands = { enqueue, drain, install, fill }
+const commands = { enqueue, drain, install, fill, 'latency-worker': latencyWorker, 'latency-producer': latencyProducer }
 if (!commands[command]) {
   process.stderr.write(`unknown command ${command}; known: ${Object.keys(commands).join(', ')}\n`)
   process.exit(2)

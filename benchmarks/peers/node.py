@@ -135,3 +135,58 @@ def drain(kind: str, address: str, setting: dict[str, Any], start: Any) -> tuple
         raise RuntimeError(f"{kind} drain failed (exit {process.returncode})")
     result = json.loads(line)
     return int(result["done"]), end, {"child_cpu_seconds": result["cpu_seconds"], kind: result["version"]}
+
+
+def latency(kind: str, server_url: str, rate: float, seconds: float) -> dict[str, Any]:
+    """Pickup latency of ``kind``'s running worker fed by its own producer at ``rate`` jobs a second, in a
+    fresh database; the same shape as the drain's dibs latency (milliseconds, from the producer's clock
+    just before its call to the start of the handler)."""
+    name = "dibs_bench_latency_" + kind.replace("-", "_")
+    dsn = fresh_database(server_url, name)
+    total = round(rate * seconds)
+    script = str(HERE / DRIVERS[kind])
+    env = {**os.environ, "DIBS_NODE_PEERS": str(FOLDER)}
+    try:
+        run(kind, "install", dsn)
+        worker, producer = (
+            subprocess.Popen(
+                ["node", script, *arguments], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+            )
+            for arguments in (["latency-worker", dsn, str(total)], ["latency-producer", dsn, str(rate), str(total)])
+        )
+        for process in (worker, producer):
+            assert process.stdin is not None
+            assert process.stdout is not None
+            if not json.loads(process.stdout.readline() or "{}").get("ready"):
+                raise RuntimeError(f"{kind} latency: a driver did not start")
+        for process in (worker, producer):
+            assert process.stdin is not None
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        assert producer.stdout is not None
+        assert worker.stdout is not None
+        sent = json.loads(producer.stdout.readline())
+        found = json.loads(worker.stdout.readline())
+        worker.wait(timeout=60)
+        producer.wait(timeout=60)
+    finally:
+        drop_database(server_url, name)
+    waits = sorted(found["waits"])
+    if len(waits) != total:
+        raise RuntimeError(f"{kind} latency: the worker started {len(waits)} of {total} jobs")
+
+    def at(fraction: float) -> float:
+        return float(waits[min(len(waits) - 1, round(fraction * (len(waits) - 1)))])
+
+    return {
+        "kind": kind,
+        "offered_rate": rate,
+        "jobs": total,
+        "producers": 1,
+        "achieved_rate": total / sent["seconds"],
+        "p50_ms": at(0.50),
+        "p95_ms": at(0.95),
+        "p99_ms": at(0.99),
+        "max_ms": waits[-1],
+        "version": found["version"],
+    }

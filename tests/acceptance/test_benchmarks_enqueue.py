@@ -73,3 +73,20 @@ def test_the_run_says_plainly_when_the_node_peers_are_missing(tmp_path: Path) ->
     result = json.loads(next(tmp_path.glob("enqueue-*.json")).read_text())
     assert result["node_missing"]
     assert {row["system"] for row in result["summary"]} == {"dibs"}
+
+
+def test_the_node_peers_drain_and_start_jobs_beside_dibs(tmp_path: Path) -> None:
+    node_peers()
+    arguments = (
+        "--backends postgresql --processes 1 --repeats 1 --configs 1000x500 --jobs 500 "
+        "--kinds graphile-worker,pg-boss --latency-rates 100 --latency-seconds 1"
+    )
+    found = runner(
+        tmp_path, ["--parts", "drain", "--drain-args", arguments], DIBS_BENCH_DATABASE="dibs_bench_drain_test"
+    )
+    assert found.returncode == 0, found.stderr[-3000:]
+    result = json.loads(next(tmp_path.glob("drain-*.json")).read_text())
+    drained = {(trial["kind"], trial["setting"]) for trial in result["trials"]}
+    assert drained == {("graphile-worker", "j24/q500"), ("graphile-worker", "j48/q1000"), ("pg-boss", "b500"),
+                       ("pg-boss", "b1000")}  # fmt: skip
+    assert [entry["kind"] for entry in result["latency"]] == ["dibs", "graphile-worker"]
