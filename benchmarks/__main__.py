@@ -10,7 +10,7 @@ holding all of them with the machine and the goals, then draws the plots into do
 rewrite docs/benchmarks.md, which quotes one complete run by hand, nor docs/benchmarks/history.md, which lists
 every result file: update both when committing a run's results (tests/acceptance/test_docs_site.py checks).
 
-    python -m benchmarks                           # everything, about 45 minutes here
+    python -m benchmarks                           # everything, about an hour here
     python -m benchmarks --quick                   # every part once, small: about 10 minutes
     python -m benchmarks --parts drain --drain-args "--backends sqlite --processes 1,2"
     python -m benchmarks --plot benchmarks/results/run-20261122-120000.json   # redraw a run's plots
