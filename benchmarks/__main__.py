@@ -1,7 +1,8 @@
 """All the benchmarks in one run: ``python -m benchmarks`` (or ``scripts/bench``, which installs what it needs).
 
-In order: the drain of no-op jobs by dibs, the raw-SQL floor and the peers (pgqueuer and procrastinate on
-PostgreSQL, huey on SQLite) with 1, 2, 4 and 8 worker processes on PostgreSQL, SQLite and MariaDB, with
+In order: enqueue throughput, batch and one job at a time, of dibs, the raw-SQL floors and the peers
+(``benchmarks.enqueue``); the drain of no-op jobs by dibs, the raw-SQL floor and the peers (pgqueuer and
+procrastinate on PostgreSQL, huey on SQLite) with 1, 2, 4 and 8 worker processes on PostgreSQL, SQLite and MariaDB, with
 pickup latency at fixed offered rates (``benchmarks.drain``); the claim cost as the backlog grows and as
 finished rows accumulate (``benchmarks.backlog``); the outbox relay from PostgreSQL to Redis Streams
 (``benchmarks.relay``). Each part writes its own JSON; this run writes one more, ``run-<time>.json``,
@@ -9,7 +10,7 @@ holding all of them with the machine and the goals, then draws the plots into do
 rewrite docs/benchmarks.md, which quotes one complete run by hand, nor docs/benchmarks/history.md, which lists
 every result file: update both when committing a run's results (tests/acceptance/test_docs_site.py checks).
 
-    python -m benchmarks                           # everything, about 45 minutes here
+    python -m benchmarks                           # everything, about an hour here
     python -m benchmarks --quick                   # every part once, small: about 10 minutes
     python -m benchmarks --parts drain --drain-args "--backends sqlite --processes 1,2"
     python -m benchmarks --plot benchmarks/results/run-20261122-120000.json   # redraw a run's plots
@@ -26,12 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import backlog, drain, plots, relay
+from benchmarks import backlog, drain, enqueue, plots, relay
 
-PARTS = ("drain", "backlog", "relay")
-RUNNERS = {"drain": drain.run, "backlog": backlog.run, "relay": relay.run}
+PARTS = ("enqueue", "drain", "backlog", "relay")
+RUNNERS = {"enqueue": enqueue.run, "drain": drain.run, "backlog": backlog.run, "relay": relay.run}
 #: ``--quick``: each part small enough to show it works and roughly where it stands, not to quote.
 QUICK = {
+    "enqueue": "--batch-jobs 5000 --one-jobs 500 --repeats 1",
     "drain": "--processes 1,2 --repeats 1 --configs 1000x500 --jobs 10000 --latency-rates 500 --latency-seconds 3",
     "backlog": "--backlogs 10000,100000 --repeats 50",
     "relay": "--events 20000 --relays 1 --repeats 1",

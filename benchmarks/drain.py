@@ -9,8 +9,14 @@ trial the database is checked: every job must be finished exactly once, or the r
 * ``pgqueuer`` (PostgreSQL only, its own database): ``PgQueuer.run(mode=drain)`` on asyncpg and uvloop,
   the setup its docs recommend for throughput, at several batch sizes.
 * ``raw``: the floor. A loop on the bare driver of one claim statement of a batch (the shape dibs
-  uses) and one batched, token-fenced completion of the rows it got, on the same freshly filled
-  ``dibs_jobs`` table, at each batch size the dibs settings use.
+  uses) and, on a second connection and thread, one batched, token-fenced completion of the batch
+  before (dibs's worker overlaps them the same way), on the same freshly filled ``dibs_jobs`` table, at
+  each batch size the dibs settings use.
+* ``graphile-worker`` and ``pg-boss`` (PostgreSQL, where Node is installed): their Node drivers in
+  ``benchmarks/peers``, each in a database of its own.
+
+Every job carries the same small arguments (``benchmarks.payload``); every kind drains the same N jobs
+with two settings; ``--gc`` tunes the garbage collector of every worker process alike, or none.
 
 Trials alternate between kinds within each round so that drift on a noisy machine hits all of them;
 medians are reported. Then, on PostgreSQL, enqueue-to-start latency: a producer process enqueues one job
@@ -26,16 +32,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import importlib
 import json
 import math
 import multiprocessing
 import os
 import platform
+import queue
 import sqlite3
 import statistics
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -44,23 +54,28 @@ from typing import Any
 import sqlalchemy as sa
 
 import dibs
-from benchmarks import record
+from benchmarks import payload, record
 from benchmarks.connect import psycopg_connect
+from benchmarks.peers import node
+from dibs.runtime.collector import tuned_gc
 
 # The servers (the same variables as benchmarks.claim); the run works in databases of its own on them,
 # created at the start and dropped at the end, so that it never touches anyone's dibs tables.
 POSTGRES_URL = os.environ.get("DIBS_BENCH_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 MARIADB_URL = os.environ.get("DIBS_BENCH_MARIADB_URL", "mysql+pymysql://root@127.0.0.1:3306/test")
-DATABASE = "dibs_bench_drain"
+#: Its own database; a name of your own (DIBS_BENCH_DATABASE) keeps two runs on one server apart.
+DATABASE = os.environ.get("DIBS_BENCH_DATABASE", "dibs_bench_drain")
 #: The N jobs, enqueued once through dibs and copied into dibs_jobs before every trial.
 TEMPLATE = "dibs_bench_drain_template"
 ENQUEUE_CHUNK = 5_000
-#: N: MariaDB drains a quarter as fast, so it gets half the jobs to keep the run near ten minutes.
-DEFAULT_JOBS = {"postgresql": 50_000, "sqlite": 50_000, "mariadb": 25_000}
+#: N, the jobs of every trial of every kind on a backend: enough for a few seconds of the fastest drains.
+DEFAULT_JOBS = {"postgresql": 20_000, "sqlite": 20_000, "mariadb": 20_000}
 #: A trial drains min(N, JOBS_PER_BATCH x batch) jobs, so that small batches do not take minutes.
 JOBS_PER_BATCH = 250
 BACKENDS = ("postgresql", "sqlite", "mariadb")
-RESULTS = Path(__file__).parent / "results"
+#: Where the results go; a test points it elsewhere so that its tiny runs never join the published ones.
+GC_VARIABLE = "DIBS_BENCH_GC"
+RESULTS = Path(os.environ.get("DIBS_BENCH_RESULTS", Path(__file__).parent / "results"))
 
 
 def drain_app(url: str) -> dibs.App:
@@ -68,7 +83,7 @@ def drain_app(url: str) -> dibs.App:
     app = dibs.App(url)
 
     @app.task(name="noop")
-    async def noop() -> None:
+    async def noop(**_: Any) -> None:
         return None
 
     return app
@@ -89,7 +104,7 @@ def prepare(backend: str, url: str, jobs: int) -> float:
     app.init()
     began = time.perf_counter()
     for first in range(0, jobs, ENQUEUE_CHUNK):
-        app.enqueue_many("noop", [{}] * min(ENQUEUE_CHUNK, jobs - first))
+        app.enqueue_many("noop", [payload.args(n) for n in range(first, min(first + ENQUEUE_CHUNK, jobs))])
     enqueued = jobs / (time.perf_counter() - began)
     with engine.begin() as conn:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {TEMPLATE}")
@@ -154,7 +169,7 @@ def dibs_drain(url: str, setting: dict[str, Any], owner: str, start: Any) -> tup
         connections=setting.get("connections"),
         handle_signals=False,
         name=owner,
-        tune_gc=True,  # as `dibs worker` runs it: the process runs the worker and nothing else
+        tune_gc=tuned(),  # with --gc, as `dibs worker` runs it; the other kinds get the same (see _process)
     )
     with contextlib.ExitStack() as opened:
         for _ in range(worker.connections):
@@ -204,21 +219,48 @@ def held_tokens(ids: list[int], tokens: list[int]) -> str:
     return json.dumps(dict(zip(ids, tokens, strict=True)))
 
 
+#: The ids of a claimed batch and their lease tokens.
+Held = tuple[list[int], list[int]]
+
+
+def overlapped(claim: Callable[[], Held], complete: Callable[[list[int], list[int]], int]) -> int:
+    """Claim batches on this thread while a second thread completes the previous one on a connection of its
+    own, as dibs's worker overlaps them; returns the jobs completed. ``claim`` returns the ids and tokens it
+    got, none once the queue is empty."""
+    handoff: queue.Queue[Held | None] = queue.Queue(maxsize=1)
+    done = 0
+
+    def completer() -> None:
+        nonlocal done
+        while (held := handoff.get()) is not None:
+            done += complete(*held)
+
+    thread = threading.Thread(target=completer, name="raw-completer")
+    thread.start()
+    try:
+        while (held := claim())[0]:
+            handoff.put(held)
+    finally:
+        handoff.put(None)
+        thread.join()
+    return done
+
+
 def raw_postgresql(url: str, batch: int, owner: str, start: Any) -> int:
     # Autocommit: each statement is atomic on its own, no BEGIN/COMMIT round trips.
-    with psycopg_connect(url, autocommit=True) as conn:
-        start.wait()
-        done = 0
-        while True:
-            cursor = conn.execute(PG_CLAIM, {"batch": batch, "owner": owner})
+    with psycopg_connect(url, autocommit=True) as claimer, psycopg_connect(url, autocommit=True) as completer:
+
+        def claim() -> tuple[list[int], list[int]]:
+            cursor = claimer.execute(PG_CLAIM, {"batch": batch, "owner": owner})
             rows = cursor.fetchall()
-            if not rows:
-                return done
             token = [column.name for column in cursor.description or ()].index("lease_token")
-            ids = [row[0] for row in rows]
-            tokens = held_tokens(ids, [row[token] for row in rows])
-            finished = conn.execute(PG_COMPLETE, {"ids": ids, "tokens": tokens}).fetchall()
-            done += len(finished)
+            return [row[0] for row in rows], [row[token] for row in rows]
+
+        def complete(ids: list[int], tokens: list[int]) -> int:
+            return len(completer.execute(PG_COMPLETE, {"ids": ids, "tokens": held_tokens(ids, tokens)}).fetchall())
+
+        start.wait()
+        return overlapped(claim, complete)
 
 
 SQLITE_CLAIM = """
@@ -236,32 +278,38 @@ def _sqlite_now(offset: float = 0.0) -> str:
     return str(datetime.now(timezone.utc).replace(tzinfo=None) + timedelta(seconds=offset))
 
 
-def raw_sqlite(url: str, batch: int, owner: str, start: Any) -> int:
-    conn = sqlite3.connect(sa.make_url(url).database or "", isolation_level=None, timeout=10)
+def _sqlite_connect(url: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(sa.make_url(url).database or "", isolation_level=None, timeout=10, check_same_thread=False)
     conn.execute("PRAGMA journal_mode = WAL")
     conn.execute("PRAGMA synchronous = NORMAL")
-    start.wait()
-    done = 0
-    token: int | None = None
-    while True:
-        now = _sqlite_now()
-        conn.execute("BEGIN IMMEDIATE")
-        cursor = conn.execute(SQLITE_CLAIM, (owner, _sqlite_now(30.0), now, batch))
+    return conn
+
+
+def raw_sqlite(url: str, batch: int, owner: str, start: Any) -> int:
+    claimer, completer = _sqlite_connect(url), _sqlite_connect(url)
+
+    def claim() -> tuple[list[int], list[int]]:
+        claimer.execute("BEGIN IMMEDIATE")
+        cursor = claimer.execute(SQLITE_CLAIM, (owner, _sqlite_now(30.0), _sqlite_now(), batch))
         rows = cursor.fetchall()
-        conn.execute("COMMIT")
-        if not rows:
-            conn.close()
-            return done
-        if token is None:
-            token = [column[0] for column in cursor.description].index("lease_token")
-        tokens = held_tokens([row[0] for row in rows], [row[token] for row in rows])
-        conn.execute("BEGIN IMMEDIATE")
-        finished = conn.execute(SQLITE_COMPLETE, (_sqlite_now(), tokens)).fetchall()
-        conn.execute("COMMIT")
-        done += len(finished)
+        claimer.execute("COMMIT")
+        token = [column[0] for column in cursor.description].index("lease_token")
+        return [row[0] for row in rows], [row[token] for row in rows]
+
+    def complete(ids: list[int], tokens: list[int]) -> int:
+        completer.execute("BEGIN IMMEDIATE")
+        finished = completer.execute(SQLITE_COMPLETE, (_sqlite_now(), held_tokens(ids, tokens))).fetchall()
+        completer.execute("COMMIT")
+        return len(finished)
+
+    start.wait()
+    done = overlapped(claim, complete)
+    claimer.close()
+    completer.close()
+    return done
 
 
-def raw_mariadb(url: str, batch: int, owner: str, start: Any) -> int:
+def _mariadb_connect(url: str) -> Any:
     import pymysql
 
     address = sa.make_url(url)
@@ -272,12 +320,15 @@ def raw_mariadb(url: str, batch: int, owner: str, start: Any) -> int:
         password=address.password or "",
         database=address.database,
     )
-    cursor = conn.cursor()
-    cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-    start.wait()
-    done = 0
-    token: int | None = None
-    while True:
+    conn.cursor().execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+    return conn
+
+
+def raw_mariadb(url: str, batch: int, owner: str, start: Any) -> int:
+    claimer, completer = _mariadb_connect(url), _mariadb_connect(url)
+
+    def claim() -> tuple[list[int], list[int]]:
+        cursor = claimer.cursor()
         cursor.execute(
             "SELECT id FROM dibs_jobs WHERE status = 'queued' AND queue = 'default' "
             "ORDER BY priority DESC, run_at, id LIMIT %s FOR UPDATE SKIP LOCKED",
@@ -285,9 +336,8 @@ def raw_mariadb(url: str, batch: int, owner: str, start: Any) -> int:
         )
         ids = [row[0] for row in cursor.fetchall()]
         if not ids:
-            conn.commit()
-            conn.close()
-            return done
+            claimer.commit()
+            return [], []
         marks = ", ".join(["%s"] * len(ids))
         cursor.execute(
             "UPDATE dibs_jobs SET status = 'running', lease_owner = %s, "
@@ -298,18 +348,27 @@ def raw_mariadb(url: str, batch: int, owner: str, start: Any) -> int:
         )
         cursor.execute(f"SELECT * FROM dibs_jobs WHERE id IN ({marks})", ids)
         rows = cursor.fetchall()
-        conn.commit()
-        if token is None:
-            token = [column[0] for column in cursor.description].index("lease_token")
-        pairs = ", ".join(["(%s, %s)"] * len(rows))
-        finished = cursor.execute(
+        claimer.commit()
+        token = [column[0] for column in cursor.description].index("lease_token")
+        return [row[0] for row in rows], [row[token] for row in rows]
+
+    def complete(ids: list[int], tokens: list[int]) -> int:
+        marks = ", ".join(["%s"] * len(ids))
+        pairs = ", ".join(["(%s, %s)"] * len(ids))
+        finished = completer.cursor().execute(
             "UPDATE dibs_jobs SET status = 'succeeded', lease_expires_at = NULL, dedupe_key = NULL, "
             f"finished_at = UTC_TIMESTAMP(6) WHERE id IN ({marks}) AND (id, lease_token) IN ({pairs}) "
             "AND status = 'running'",
-            [row[0] for row in rows] + [value for row in rows for value in (row[0], row[token])],
+            [*ids, *(value for pair in zip(ids, tokens, strict=True) for value in pair)],
         )
-        conn.commit()
-        done += finished
+        completer.commit()
+        return int(finished)
+
+    start.wait()
+    done = overlapped(claim, complete)
+    claimer.close()
+    completer.close()
+    return done
 
 
 RAW = {"postgresql": raw_postgresql, "sqlite": raw_sqlite, "mariadb": raw_mariadb}
@@ -325,12 +384,12 @@ def raw_drain(
 # -- the peers ---------------------------------------------------------------------------------------
 
 #: Every peer module in benchmarks/peers, by kind name; each is imported only when its kind is asked for.
-PEERS = ("pgqueuer", "procrastinate", "huey")
+PEERS = ("pgqueuer", "procrastinate", "huey", "graphile-worker", "pg-boss")
 KINDS = ("raw", "dibs", *PEERS)
 
 
 def peer(kind: str) -> Any:
-    return importlib.import_module(f"benchmarks.peers.{kind}")
+    return importlib.import_module(f"benchmarks.peers.{kind.replace('-', '_')}")
 
 
 def peer_settings(kind: str, text: str | None) -> list[dict[str, Any]]:
@@ -341,14 +400,22 @@ def peer_settings(kind: str, text: str | None) -> list[dict[str, Any]]:
 # -- running trials --------------------------------------------------------------------------------
 
 
+def tuned() -> bool:
+    """Whether the run tunes the garbage collector of every worker process (``--gc``), dibs's and the others'."""
+    return os.environ.get(GC_VARIABLE) == "1"
+
+
 class _Started:
-    """The start barrier, noting the process's CPU time when it is passed."""
+    """The start barrier, noting the process's CPU time when it is passed; with ``--gc`` the objects made
+    until then are frozen first, as dibs's tuned worker freezes them."""
 
     def __init__(self, barrier: Any) -> None:
         self.barrier = barrier
         self.cpu = 0.0
 
     def wait(self) -> None:
+        if tuned():
+            gc.freeze()
         self.barrier.wait()
         self.cpu = time.process_time()
 
@@ -361,11 +428,15 @@ def _process(
     started = _Started(start)
     if kind == "dibs":
         done, end, stats = dibs_drain(url, setting, owner, started)
-    elif kind == "raw":
-        done, end, stats = raw_drain(backend, url, setting, owner, started)
-    else:
-        done, end, stats = peer(kind).drain(url, setting, started)
-    return done, end, {**stats, "cpu_seconds": time.process_time() - started.cpu}
+        return done, end, {**stats, "cpu_seconds": time.process_time() - started.cpu}
+    with tuned_gc() if tuned() else contextlib.nullcontext():
+        if kind == "raw":
+            done, end, stats = raw_drain(backend, url, setting, owner, started)
+        else:
+            done, end, stats = peer(kind).drain(url, setting, started)
+    # A Node peer's worker is a child process: its CPU time is its own, reported by its driver.
+    cpu = time.process_time() - started.cpu + stats.pop("child_cpu_seconds", 0.0)
+    return done, end, {**stats, "cpu_seconds": cpu}
 
 
 @dataclass
@@ -450,15 +521,15 @@ def trial(
     )
 
 
-def urls(tmp: Path) -> dict[str, str]:
+def urls(tmp: Path, database: str = DATABASE) -> dict[str, str]:
     return {
-        "postgresql": sa.make_url(POSTGRES_URL).set(database=DATABASE).render_as_string(hide_password=False),
+        "postgresql": sa.make_url(POSTGRES_URL).set(database=database).render_as_string(hide_password=False),
         "sqlite": f"sqlite:///{tmp / 'drain.sqlite'}",
-        "mariadb": sa.make_url(MARIADB_URL).set(database=DATABASE).render_as_string(hide_password=False),
+        "mariadb": sa.make_url(MARIADB_URL).set(database=database).render_as_string(hide_password=False),
     }
 
 
-def own_database(backend: str, create: bool) -> None:
+def own_database(backend: str, create: bool, database: str = DATABASE) -> None:
     """Create (or drop) the run's database on the PostgreSQL or MariaDB server."""
     if backend == "sqlite":
         return
@@ -466,9 +537,9 @@ def own_database(backend: str, create: bool) -> None:
     admin = sa.create_engine(server, isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
         force = " WITH (FORCE)" if backend == "postgresql" else ""
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {DATABASE}{force}")
+        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {database}{force}")
         if create:
-            conn.exec_driver_sql(f"CREATE DATABASE {DATABASE}")
+            conn.exec_driver_sql(f"CREATE DATABASE {database}")
     admin.dispose()
 
 
@@ -641,13 +712,14 @@ def arguments() -> argparse.ArgumentParser:
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"of {', '.join(KINDS)}")
     parser.add_argument(
         "--configs",
-        default="2000x1000,2000x2000,2000x1000x1",
+        default="2000x1000,2000x1000x1",
         help="dibs worker settings, concurrency x batch [x connections] (default: the worker's)",
     )
+    parser.add_argument("--gc", action="store_true", help="tune the GC of every worker process alike (freeze)")
     parser.add_argument("--poll", type=float, default=2.0, help="dibs worker poll seconds (its default: 2)")
     for name in PEERS:
         parser.add_argument(f"--{name}", default=None, help=f"{name} settings (default: its module's SETTINGS)")
-    parser.add_argument("--latency-rates", default="500,2000,8000", help="offered jobs/s; empty skips latency")
+    parser.add_argument("--latency-rates", default="1000,5000", help="offered jobs/s; empty skips latency")
     parser.add_argument("--latency-seconds", type=float, default=8.0)
     return parser
 
@@ -662,7 +734,12 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit(f"--kinds: unknown {sorted(unknown)}; known: {', '.join(KINDS)}")
     process_counts = [int(p) for p in options.processes.split(",")]
     configs = parse_configs(options.configs, options.poll)
-    peers = {kind: peer_settings(kind, getattr(options, kind)) for kind in PEERS if kind in kinds}
+    absent = node.missing()
+    if absent and set(kinds) & set(node.DRIVERS):
+        print(f"  note: {absent}", flush=True)
+        kinds = [kind for kind in kinds if kind not in node.DRIVERS]
+    os.environ[GC_VARIABLE] = "1" if options.gc else "0"  # the spawned workers inherit it
+    peers = {kind: peer_settings(kind, getattr(options, kind.replace("-", "_"))) for kind in PEERS if kind in kinds}
     rates = [float(rate) for rate in options.latency_rates.split(",") if rate]
     began = time.time()
     load_before = os.getloadavg()
@@ -685,7 +762,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                     for processes in process_counts:
                         for _ in range(options.repeats):
                             for kind, setting in round_plan(kinds, configs, here):
-                                jobs = peer(kind).JOBS if kind in PEERS else trial_jobs(setting["batch"], total)
+                                jobs = total if kind in PEERS else trial_jobs(setting["batch"], total)
                                 result = trial(
                                     manager, kind, backend, url, setting, processes, jobs, databases.get(kind)
                                 )
@@ -697,8 +774,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             if "postgresql" in backends:
                 for rate in rates:
                     measured = latency(manager, where["postgresql"], rate, options.latency_seconds, LATENCY_WORKER)
-                    latencies.append(measured)
-                    print(f"  latency, {describe_latency(measured)}", flush=True)
+                    latencies.append({"kind": "dibs", **measured})
+                    print(f"  latency, {describe_latency(latencies[-1])}", flush=True)
+                    # graphile-worker side by side where one producer process offers the rate, as dibs's does.
+                    if "graphile-worker" in kinds and rate <= PRODUCER_RATE:
+                        measured = node.latency("graphile-worker", POSTGRES_URL, rate, options.latency_seconds)
+                        latencies.append(measured)
+                        print(f"  latency, {describe_latency(measured)}", flush=True)
         finally:
             for backend in backends:
                 own_database(backend, create=False)
@@ -709,7 +791,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
 def describe(result: Trial) -> str:
     span = result.jobs / result.db_seconds if result.db_seconds == result.db_seconds else float("nan")
     return (
-        f"{result.backend:<10} x{result.processes}  {result.kind:<13} {result.setting:<12} {result.jobs:>7,} jobs "
+        f"{result.backend:<10} x{result.processes}  {result.kind:<16} {result.setting:<12} {result.jobs:>7,} jobs "
         f"{result.jobs_per_second:>10,.0f} jobs/s, {result.cpu_us_per_job:.0f} us CPU/job  (first claim to last "
         f"completion: {span:,.0f} jobs/s; "
         f"processes done at {', '.join(f'{end:.2f}' for end in result.ends)} s)"
@@ -793,9 +875,10 @@ def goals(summary: list[dict[str, Any]]) -> list[str]:
 
 
 def describe_latency(result: dict[str, Any]) -> str:
+    per = f", {result['jobs_per_transaction']:.1f} per transaction" if "jobs_per_transaction" in result else ""
     return (
-        f"{result['offered_rate']:,.0f} jobs/s offered, {result['achieved_rate']:,.0f} achieved ({result['jobs']:,} "
-        f"jobs, {result['jobs_per_transaction']:.1f} per transaction): p50 {result['p50_ms']:.1f} ms, "
+        f"{result.get('kind', 'dibs')}: {result['offered_rate']:,.0f} jobs/s offered, "
+        f"{result['achieved_rate']:,.0f} achieved ({result['jobs']:,} jobs{per}): p50 {result['p50_ms']:.1f} ms, "
         f"p95 {result['p95_ms']:.1f} ms, p99 {result['p99_ms']:.1f} ms, max {result['max_ms']:.1f} ms"
     )
 
@@ -818,7 +901,7 @@ def report(
 ) -> dict[str, Any]:
     print("\nmedian jobs/s of each setting")
     print(
-        f"{'backend':<11}{'procs':>6}  {'kind':<14}{'setting':<13}{'jobs':>8}{'median':>11}{'trials':>8}"
+        f"{'backend':<11}{'procs':>6}  {'kind':<17}{'setting':<13}{'jobs':>8}{'median':>11}{'trials':>8}"
         f"{'CPU us/job':>12}"
     )
     seen = sorted(
@@ -830,13 +913,13 @@ def report(
         count = sum(1 for t in trials if all(getattr(t, k) == v for k, v in match.items()))
         middle = median_of(trials, **match) or 0.0
         cpu = statistics.median(t.cpu_us_per_job for t in trials if all(getattr(t, k) == v for k, v in match.items()))
-        print(f"{backend:<11}{processes:>6}  {kind:<14}{setting:<13}{jobs:>8,}{middle:>11,.0f}{count:>8}{cpu:>12.0f}")
+        print(f"{backend:<11}{processes:>6}  {kind:<17}{setting:<13}{jobs:>8,}{middle:>11,.0f}{count:>8}{cpu:>12.0f}")
 
     summary = summarize(trials)
     print("\nbest median per kind; dibs/raw at dibs's best batch size, dibs/peer best against best")
-    print(f"{'backend':<11}{'procs':>6}  " + "".join(f"{kind:>15}" for kind in KINDS) + "   ratios")
+    print(f"{'backend':<11}{'procs':>6}  " + "".join(f"{kind:>16}" for kind in KINDS) + "   ratios")
     for row in summary:
-        cells = "".join(f"{row[kind]['jobs_per_second']:>15,.0f}" if kind in row else f"{'-':>15}" for kind in KINDS)
+        cells = "".join(f"{row[kind]['jobs_per_second']:>16,.0f}" if kind in row else f"{'-':>16}" for kind in KINDS)
         ratios = ", ".join(
             f"/{kind} {row[f'dibs_over_{kind}']:.2f}" for kind in ("raw", *PEERS) if f"dibs_over_{kind}" in row
         )

@@ -79,7 +79,11 @@ def latency(drain: dict[str, Any], out: Path) -> Path | None:
         )
     axis.set_xticks(range(len(measured)))
     axis.set_xticklabels(
-        [f"{r['offered_rate']:,.0f} offered\n{r['achieved_rate']:,.0f} achieved" for r in measured], fontsize="small"
+        [
+            f"{r.get('kind', 'dibs')}\n{r['offered_rate']:,.0f} offered\n{r['achieved_rate']:,.0f} achieved"
+            for r in measured
+        ],
+        fontsize="small",
     )
     axis.set_yscale("log")
     axis.set_ylabel("enqueue to start, ms")

@@ -38,12 +38,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from benchmarks import payload
+
 NAME = "huey"
 BACKENDS = ("sqlite",)
 PACKAGES = ("huey",)
 #: Worker threads share the process's one SQLite connection, so more than 2 barely help (4 was slower).
 SETTINGS = [{"workers": 1, "batch": 1}, {"workers": 2, "batch": 1}]
-JOBS = 20_000
 QUEUE = "dibs_bench"
 TASK = "noop"
 FILENAME = "huey.sqlite"
@@ -113,7 +114,7 @@ def drain(address: str, setting: dict[str, Any], start: Any) -> tuple[int, float
     counting = threading.Lock()
 
     @huey.task(name=TASK)  # type: ignore[untyped-decorator]
-    def noop() -> None:
+    def noop(**_: Any) -> None:
         nonlocal done
         with counting:
             done += 1
@@ -168,7 +169,7 @@ class Database:
         self.huey = _huey(str(self.path))
 
         @self.huey.task(name=TASK)  # type: ignore[untyped-decorator]
-        def noop() -> None:
+        def noop(**_: Any) -> None:
             return None
 
         self.noop = noop
@@ -180,7 +181,7 @@ class Database:
         self.huey.flush()  # the queue, the schedule, the result store and the counters
         # huey enqueues one message per call, each in a transaction of its own; these are the same rows
         # (huey's serialized messages, SqliteStorage.enqueue's INSERT) written in one transaction.
-        rows = [(self.huey.name, self.huey.serialize_task(self.noop.s()), 0) for _ in range(jobs)]
+        rows = [(self.huey.name, self.huey.serialize_task(self.noop.s(**payload.args(n))), 0) for n in range(jobs)]
         with self.huey.storage.db(commit=True) as cursor:
             cursor.executemany(ENQUEUE, rows)
         self.huey.storage.sql("PRAGMA wal_checkpoint(TRUNCATE)")

@@ -188,11 +188,13 @@ def test_errors_reference_names_every_error() -> None:
 
 
 def complete_runs() -> list[Path]:
-    """The runner's result files that hold every part, oldest first (their names sort by time)."""
+    """The runner's result files that hold every part the page opens with, oldest first (their names sort by
+    time). The enqueue part is quoted from its own result file until a complete run holds it too."""
     from benchmarks.__main__ import PARTS
 
+    quoted = set(PARTS) - {"enqueue"}
     runs = sorted((ROOT / "benchmarks" / "results").glob("run-*.json"))
-    return [path for path in runs if set(PARTS) <= set(json.loads(path.read_text(encoding="utf-8"))["parts"])]
+    return [path for path in runs if quoted <= set(json.loads(path.read_text(encoding="utf-8"))["parts"])]
 
 
 def test_performance_page_shows_the_newest_complete_run() -> None:
