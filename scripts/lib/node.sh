@@ -20,3 +20,10 @@ dibs_node_peers() {
     (cd "$folder" && npm install --no-audit --no-fund --loglevel=error $DIBS_NODE_PEERS_PACKAGES)
     echo "$DIBS_NODE_PEERS_PACKAGES" > "$stamp"
 }
+
+# Node.js and npm from Debian's packages when the machine has none: the test suite runs the Node peers' drivers.
+dibs_node() {
+    if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+        dibs_apt_install nodejs npm
+    fi
+}
