@@ -19,6 +19,7 @@ every result file: update both when committing a run's results (tests/acceptance
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -97,8 +98,11 @@ def main(argv: list[str] | None = None) -> None:
     print("\n== goals, as ratios from this run")
     for line in run["goals"]:
         print(f"  {line}")
-    for path in plots.draw(run, options.plots):
-        print(f"drew {path}")
+    if importlib.util.find_spec("matplotlib") is None:
+        print("matplotlib is not installed, so no plots were drawn: scripts/bench installs it (the bench extra)")
+    else:
+        for path in plots.draw(run, options.plots):
+            print(f"drew {path}")
     print(f"\nwritten to {out} after {run['seconds'] / 60:.1f} minutes")
     print("to publish it: quote it in docs/benchmarks.md and list its files in docs/benchmarks/history.md")
 
