@@ -134,9 +134,9 @@ def test_outbox_aggregates_differing_only_by_case_are_ordered_independently(qdb:
             outbox.add(conn, aggregate_type, aggregate_id, "order.placed", {"step": 2})
         outbox.add(conn, "order", "b", "Order.Placed", {}, target="Kafka")
         outbox.add(conn, "order", "b", "order.placed", {}, target="kafka")
-    claimed = outbox.store.claim_batch(qdb.engine, worker_id="test", limit=100, target="default", lease_seconds=30)
+    claimed = outbox.store.claim(qdb.engine, owner="test", limit=100, target="default", lease_seconds=30)
     assert sorted(lease.key[0] for lease in claimed) == heads
-    upper = outbox.store.claim_batch(qdb.engine, worker_id="test", limit=100, target="Kafka", lease_seconds=30)
+    upper = outbox.store.claim(qdb.engine, owner="test", limit=100, target="Kafka", lease_seconds=30)
     assert [lease.row.event_type for lease in upper] == ["Order.Placed"]
     assert [event.event_type for event in outbox.events(target="kafka")] == ["order.placed"]
     assert [event.aggregate_id for event in outbox.events(aggregate_type="Order")] == ["A1", "A1"]
@@ -175,7 +175,7 @@ def test_tables_of_an_earlier_version_are_upgraded_to_compare_exactly(empty_db: 
     for first, second in LOOKALIKES:
         assert app.enqueue(send_receipt, dedupe_key=first).id != app.enqueue(send_receipt, dedupe_key=second).id
     assert app.enqueue(send_receipt, dedupe_key="receipt-Bob").id == kept.id
-    claimed = outbox.store.claim_batch(engine, worker_id="test", limit=10, target="default", lease_seconds=30)
+    claimed = outbox.store.claim(engine, owner="test", limit=10, target="default", lease_seconds=30)
     assert len(claimed) == 2  # two aggregates, each its own head
     if engine.dialect.name == "mysql":
         with engine.connect() as conn:
