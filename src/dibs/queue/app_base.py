@@ -79,7 +79,7 @@ class AppBase:
 
         Example:
             >>> app.init()
-            [1, 2, 3, 4]
+            [1, 2, 3, 4, 5]
         """
         return [step.version for step in migrate(self.engine)]
 
