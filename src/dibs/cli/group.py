@@ -11,6 +11,7 @@ import dibs
 from dibs.cli.enqueue import enqueue
 from dibs.cli.jobs import jobs
 from dibs.cli.outbox import outbox
+from dibs.cli.queues import queues
 from dibs.cli.shared import DibsGroup, run
 from dibs.cli.status import status
 from dibs.cli.worker import worker
@@ -73,5 +74,5 @@ def demo(count: int, workers: int, path: str | None, no_kill: bool) -> None:
         raise SystemExit(1)
 
 
-for subcommand in (worker, enqueue, status, jobs, outbox):
+for subcommand in (worker, enqueue, status, jobs, queues, outbox):
     command.add_command(subcommand)
