@@ -8,6 +8,7 @@ import os
 import click
 
 import dibs
+from dibs.cli.dashboard import dashboard
 from dibs.cli.enqueue import enqueue
 from dibs.cli.jobs import jobs
 from dibs.cli.outbox import outbox
@@ -74,5 +75,5 @@ def demo(count: int, workers: int, path: str | None, no_kill: bool) -> None:
         raise SystemExit(1)
 
 
-for subcommand in (worker, enqueue, status, jobs, queues, outbox):
+for subcommand in (worker, enqueue, status, jobs, queues, outbox, dashboard):
     command.add_command(subcommand)

@@ -1,0 +1,115 @@
+"""What the dashboard's pages read: each a query that an index answers, however many jobs the table holds.
+
+Lists are pages of a keyset (``id < last id seen``, newest first), never ``OFFSET``; no page counts every row
+of a filter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Engine
+
+from dibs.dialects import backend_for
+from dibs.engine import connected
+from dibs.schema import DEAD, STATES, SUCCEEDED, aware, jobs
+
+#: Jobs on one page of the list.
+PAGE = 50
+#: The throughput chart: this many bars over the last hour.
+BUCKETS = 12
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobFilter:
+    """The filters of the jobs page; empty ones filter nothing."""
+
+    status: str = ""
+    queue: str = ""
+    task: str = ""
+    #: A dedupe or ordering key.
+    key: str = ""
+    #: Text the job's arguments (as stored JSON) contain.
+    text: str = ""
+
+    def where(self) -> list[sa.ColumnElement[bool]]:
+        """The filter as conditions on the jobs table."""
+        conditions: list[sa.ColumnElement[bool]] = []
+        if self.status in STATES:
+            conditions.append(jobs.c.status == self.status)
+        if self.queue:
+            conditions.append(jobs.c.queue == self.queue)
+        if self.task:
+            conditions.append(jobs.c.task == self.task)
+        if self.key:
+            conditions.append(sa.or_(jobs.c.dedupe_key == self.key, jobs.c.ordering_key == self.key))
+        if self.text:
+            conditions.append(jobs.c.args.contains(self.text, autoescape=True))
+        return conditions
+
+    def query(self) -> dict[str, str]:
+        """The filter as URL query parameters (empty ones left out)."""
+        return {name: value for name, value in vars(self).items() if value}
+
+
+def job_page(engine: Engine, chosen: JobFilter, before: int | None) -> tuple[list[Any], int | None]:
+    """One page of jobs matching the filter, newest first, older than job ``before``; and the id to pass as
+    ``before`` for the next page (None on the last)."""
+    query = (
+        sa.select(
+            jobs.c.id,
+            jobs.c.task,
+            jobs.c.queue,
+            jobs.c.status,
+            jobs.c.attempts,
+            jobs.c.max_attempts,
+            jobs.c.run_at,
+            jobs.c.last_error,
+        )
+        .where(*chosen.where())
+        .order_by(jobs.c.id.desc())
+        .limit(PAGE + 1)
+    )
+    if before is not None:
+        query = query.where(jobs.c.id < before)
+    with connected(engine) as conn:
+        rows = list(conn.execute(query).all())
+    more = len(rows) > PAGE
+    rows = rows[:PAGE]
+    return rows, (rows[-1].id if more else None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Throughput:
+    """Jobs finished over the last hour, in equal buckets, oldest first."""
+
+    starts: list[datetime]
+    succeeded: list[int]
+    failed: list[int]
+
+    def most(self) -> int:
+        """The highest bar, at least 1 (the chart's scale)."""
+        return max([1, *self.succeeded, *self.failed])
+
+
+def throughput(engine: Engine) -> Throughput:
+    """Succeeded and dead jobs per bucket of the last hour: a range of the finished-jobs index each."""
+    backend = backend_for(engine.dialect)
+    with connected(engine) as conn:
+        now = aware(conn.execute(sa.select(backend.now())).scalar_one())
+        width = timedelta(hours=1) / BUCKETS
+        starts = [now - width * (BUCKETS - index) for index in range(BUCKETS)]
+
+        def count(state: str, start: datetime) -> sa.ScalarSelect[int]:
+            return (
+                sa.select(sa.func.count())
+                .select_from(jobs)
+                .where(jobs.c.status == state, jobs.c.finished_at >= start, jobs.c.finished_at < start + width)
+                .scalar_subquery()
+            )
+
+        row = conn.execute(sa.select(*(count(state, start) for state in (SUCCEEDED, DEAD) for start in starts))).one()
+    return Throughput(starts=starts, succeeded=list(row[:BUCKETS]), failed=list(row[BUCKETS:]))
