@@ -10,10 +10,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from dibs._errors import EventNotFound, JobNotFound
-from dibs.dashboard.reads import JobFilter, job_page, throughput
+from dibs.dashboard.reads import JobFilter, job_page, queue_lines, throughput
 from dibs.dashboard.state import Dashboard
 from dibs.queue.periodic import schedule_status
-from dibs.schema import ABANDONED, EVENT_STATES, STATES
+from dibs.schema import ABANDONED, EVENT_STATES, LIVE, STATES
 
 
 def _number(value: str | None) -> int | None:
@@ -32,14 +32,14 @@ async def overview_fragment(request: Request) -> Response:
 
 def _overview_context(dashboard: Dashboard, request: Request) -> dict[str, Any]:
     app = dashboard.app
-    statuses = app.status()
+    statuses = queue_lines(app.engine)
     paused = set(app.paused())
     known = {status.queue for status in statuses}
     return {
         "statuses": statuses,
         "paused": paused,
         "idle_paused": sorted(paused - known),
-        "states": STATES,
+        "states": LIVE,
         "chart": throughput(app.engine),
     }
 
