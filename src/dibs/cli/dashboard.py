@@ -16,9 +16,16 @@ from dibs.cli.shared import fail, open_app
 @click.option("--read-only", is_flag=True, help="Show everything, change nothing: no action is offered or accepted.")
 @click.option("--token", default=None, help="Let in only requests with this token (open /?token=TOKEN once).")
 @click.option("--basic-auth", default=None, metavar="USER:PASSWORD", help="Let in only these basic-auth credentials.")
+@click.option("--root-path", default="", help="The path a reverse proxy serves it under (for example /dibs).")
 @click.pass_context
 def dashboard(
-    ctx: click.Context, host: str, port: int, read_only: bool, token: str | None, basic_auth: str | None
+    ctx: click.Context,
+    host: str,
+    port: int,
+    read_only: bool,
+    token: str | None,
+    basic_auth: str | None,
+    root_path: str,
 ) -> None:
     try:
         import uvicorn
@@ -38,4 +45,5 @@ def dashboard(
         auth = web.basic_auth(user, password)
     app = open_app(ctx)
     click.echo(f"dibs dashboard of {app.url} on http://{host}:{port}/{' (read-only)' if read_only else ''}")
-    uvicorn.run(web.create_app(app, read_only=read_only, auth=auth), host=host, port=port, log_level="warning")
+    served = web.create_app(app, read_only=read_only, auth=auth)
+    uvicorn.run(served, host=host, port=port, root_path=root_path, log_level="warning")

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 from dibs.dialects import backend_for
 from dibs.dialects.base import inline
 from dibs.engine import connected
-from dibs.schema import DEAD, FINISHED, LIVE, QUEUED, STATES, SUCCEEDED, aware, jobs
+from dibs.schema import DEAD, FINISHED, LIVE, QUEUED, RUNNING, STATES, SUCCEEDED, aware, jobs
 
 #: Jobs on one page of the list.
 PAGE = 50
@@ -31,7 +31,7 @@ class JobFilter:
     status: str = ""
     queue: str = ""
     task: str = ""
-    #: A dedupe or ordering key.
+    #: A live job's dedupe or ordering key.
     key: str = ""
     #: Text the job's arguments (as stored JSON) contain.
     text: str = ""
@@ -46,7 +46,15 @@ class JobFilter:
         if self.task:
             conditions.append(jobs.c.task == self.task)
         if self.key:
-            conditions.append(sa.or_(jobs.c.dedupe_key == self.key, jobs.c.ordering_key == self.key))
+            # Each side repeats its partial index's condition: keys are looked up in those indexes, so a
+            # key finds live jobs (a dedupe key is cleared when its job finishes anyway).
+            live = jobs.c.status.in_([inline(state) for state in LIVE])
+            conditions.append(
+                sa.or_(
+                    sa.and_(jobs.c.dedupe_key.is_not(None), jobs.c.dedupe_key == self.key),
+                    sa.and_(live, jobs.c.ordering_key.is_not(None), jobs.c.ordering_key == self.key),
+                )
+            )
         if self.text:
             conditions.append(jobs.c.args.contains(self.text, autoescape=True))
         return conditions
@@ -143,7 +151,10 @@ def queue_lines(engine: Engine) -> list[QueueLine]:
     with connected(engine) as conn:
         now = aware(conn.execute(sa.select(backend.now())).scalar_one())
         for state in LIVE:
-            live = sa.select(jobs.c.queue, sa.func.count()).where(jobs.c.status == inline(state)).group_by(jobs.c.queue)
+            live = sa.select(jobs.c.queue, sa.func.count()).where(jobs.c.status == inline(state))
+            if state == RUNNING:  # the expiry index's condition: a running job always holds a lease
+                live = live.where(jobs.c.lease_expires_at.is_not(None))
+            live = live.group_by(jobs.c.queue)
             for queue, count in conn.execute(live):
                 counts.setdefault(queue, dict.fromkeys(LIVE, 0))[state] = count
         oldest = sa.select(jobs.c.queue, sa.func.min(jobs.c.run_at)).where(jobs.c.status == inline(QUEUED))
