@@ -112,8 +112,9 @@ def migrate(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRA
         The steps applied, none when the database was up to date.
 
     Example:
-        >>> [step.version for step in dibs.migrate(engine)]
-        [1, 2, 3, 4, 5]
+        >>> applied = dibs.migrate(engine)
+        >>> len(applied), applied[0].description
+        (5, 'the jobs table')
     """
     applied: list[Migration] = []
     for attempt in range(1, MIGRATE_TRIES + 1):
