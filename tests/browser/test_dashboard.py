@@ -3,6 +3,7 @@ actions change the database, and the XSS, CSRF and read-only cases fail safely."
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +15,8 @@ import dibs
 import dibs.dashboard
 from dibs.dashboard.reads import PAGE
 from tests.browser.support import Served, serve
+from tests.helpers import wait_until
+from tests.queue.support import FAST, WorkerThread
 
 SCRIPT = "<script>window.dibsHacked = true</script>"
 
@@ -182,3 +185,24 @@ def test_token_and_basic_auth_let_in_only_who_knows_the_secret(app: dibs.App, pa
         assert httpx.get(basic.url + "/", auth=("ops", "wrong")).status_code == 401
     finally:
         basic.stop()
+
+
+def test_the_workers_page_shows_a_live_worker_and_the_jobs_it_runs(app: dibs.App, served: Served, page: Any) -> None:
+    release = threading.Event()
+
+    @app.task(name="shop.hold", queue="reports")
+    def hold() -> None:
+        release.wait(20)
+
+    job = app.enqueue(hold)
+    worker = WorkerThread(dibs.Worker(app, queues=["reports"], name="night-shift", **FAST)).start()
+    try:
+        wait_until(lambda: app.get(job.id).status == "running", timeout=15, what="the job to start")
+        page.goto(served.url + "/workers")
+        cells = page.locator("#workers tbody tr").first.locator("td").all_inner_texts()
+        assert cells[0] == "night-shift"
+        assert cells[3] == "reports"
+        assert cells[6] == "1"
+    finally:
+        release.set()
+        worker.stop()

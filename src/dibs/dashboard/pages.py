@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from dibs._errors import EventNotFound, JobNotFound
-from dibs.dashboard.reads import JobFilter, job_page, queue_lines, throughput
+from dibs.dashboard.reads import JobFilter, job_page, queue_lines, running_per_worker, throughput
 from dibs.dashboard.state import Dashboard
 from dibs.queue.periodic import schedule_status
 from dibs.schema import ABANDONED, EVENT_STATES, LIVE, STATES
@@ -46,7 +46,12 @@ def _overview_context(dashboard: Dashboard, request: Request) -> dict[str, Any]:
 
 async def workers(request: Request) -> Response:
     """The live workers from their registry."""
-    return await _render(request, "workers.html", lambda dashboard, _: {"workers": dashboard.app.workers()})
+
+    def context(dashboard: Dashboard, _: Request) -> dict[str, Any]:
+        app = dashboard.app
+        return {"workers": app.workers(), "running": running_per_worker(app.engine)}
+
+    return await _render(request, "workers.html", context)
 
 
 async def job_list(request: Request) -> Response:

@@ -167,3 +167,14 @@ def queue_lines(engine: Engine) -> list[QueueLine]:
         )
         for queue in sorted(counts)
     ]
+
+
+def running_per_worker(engine: Engine) -> dict[str, int]:
+    """How many jobs each worker (by name, its lease owner) runs now, from the expiry index."""
+    query = (
+        sa.select(jobs.c.lease_owner, sa.func.count())
+        .where(jobs.c.status == inline(RUNNING), jobs.c.lease_expires_at.is_not(None))
+        .group_by(jobs.c.lease_owner)
+    )
+    with connected(engine) as conn:
+        return {owner: count for owner, count in conn.execute(query) if owner is not None}
