@@ -38,3 +38,10 @@ dibs_apt_install() {
     fi
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
+
+# Debian's Chromium, which the dashboard's browser tests drive through Playwright (no browser is downloaded).
+dibs_chromium() {
+    if [ ! -x /usr/bin/chromium ]; then
+        dibs_apt_install chromium
+    fi
+}

@@ -25,6 +25,8 @@ def why_only_parsed(chosen: click.Command, params: dict[str, Any]) -> str | None
     names = {param.name for param in chosen.params}
     if "burst" in names and not params["burst"]:
         return "it runs until stopped (no --burst)"
+    if chosen.name == "dashboard":
+        return "it serves until stopped"
     return None
 
 

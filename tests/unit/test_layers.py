@@ -26,7 +26,7 @@ LAYERS = (
     ("dibs.engine", "dibs.schema", "dibs.retry", "dibs.metrics"),
     ("dibs.claim", "dibs.lease", "dibs.runtime"),
     ("dibs.due", "dibs.queue", "dibs.outbox"),
-    ("dibs", "dibs.cli", "dibs.demo", "dibs.alembic", "dibs.django", "dibs.testing"),
+    ("dibs", "dibs.cli", "dibs.dashboard", "dibs.demo", "dibs.alembic", "dibs.django", "dibs.testing"),
 )
 #: Services on the same layer that know nothing of each other.
 INDEPENDENT = ("dibs.due", "dibs.queue", "dibs.outbox")

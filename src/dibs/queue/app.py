@@ -13,7 +13,8 @@
         send_receipt.enqueue({"order_id": 8}, conn=conn)
 
 The App is wiring: its database and tasks (``app_base``), registration of tasks and schedules
-(``registering``), the producer side (``producer``) and administration (``admin``).
+(``registering``), the producer side (``producer``), administration (``admin``) and pausing queues
+(``pausing``).
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ from __future__ import annotations
 from typing import Any
 
 from dibs.queue.admin import Administering, QueueStatus
+from dibs.queue.pausing import Pausing
 from dibs.queue.registering import Registering
 from dibs.queue.worker import Worker
 
 __all__ = ["App", "QueueStatus"]
 
 
-class App(Registering, Administering):
+class App(Registering, Administering, Pausing):
     """Tasks and the database their jobs live in.
 
     Args:

@@ -3,6 +3,7 @@
 * claim: queued jobs of the worker's queues, tasks and tags, highest priority first, then by run time
   and enqueue order; of the live jobs sharing an ordering key only the oldest is eligible, so jobs of
   one key run one at a time, in enqueue order.
+  No job of a paused queue is claimed.
 * finish: succeeded, retry (back to ``scheduled`` with a new run time), dead, or cancelled, each a
   token-fenced lease write, batched.
 * upkeep, apart from the claim: scheduled jobs whose time came become queued; expired leases (a
@@ -33,6 +34,7 @@ from dibs.schema import (
     SCHEDULED,
     SUCCEEDED,
     jobs,
+    queues,
 )
 
 RETRY_DELAY = "dibs_retry_delay"
@@ -66,6 +68,11 @@ def _key_taken() -> sa.ColumnElement[bool]:
             sa.or_(other.c.status == inline(RUNNING), other.c.id < jobs.c.id),
         )
     )
+
+
+def _queue_paused() -> sa.ColumnElement[bool]:
+    """Whether the job's queue is paused: one primary-key probe of the small queues table per candidate job."""
+    return sa.exists(sa.select(queues.c.name).where(queues.c.name == jobs.c.queue, queues.c.paused.is_(True)))
 
 
 #: The columns of a claimed job's row, in order: the lease's own (key, token, expiry), what the worker reads
@@ -147,6 +154,7 @@ class JobStore:
                 jobs.c.task.in_([inline(task) for task in tasks]),
                 sa.or_(jobs.c.tag.is_(None), tagged),
                 sa.or_(jobs.c.ordering_key.is_(None), ~_key_taken()),
+                ~_queue_paused(),
             ],
             order_by=[jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id],
             set={jobs.c.started_at: self.backend.now()},
@@ -225,7 +233,8 @@ class JobStore:
         probes = sa.select(
             # The claim index's first column: a list of queues still reads it in order, and no database
             # sorts (MariaDB before 10.8 keeps the index's priority ascending, and sorted for the whole key).
-            first(state(QUEUED), jobs.c.queue),
+            # A paused queue's jobs are not left for a worker: a burst ends without them.
+            first(sa.and_(state(QUEUED), ~_queue_paused()), jobs.c.queue),
             first(state(SCHEDULED), jobs.c.run_at),
             first(sa.and_(state(RUNNING), jobs.c.lease_expires_at.is_not(None)), jobs.c.lease_expires_at),
         )

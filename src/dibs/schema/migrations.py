@@ -12,7 +12,20 @@ from sqlalchemy.engine import Connection, Engine
 from dibs.dialects import backend_for
 from dibs.engine import connected
 from dibs.schema.recorder import Recorder
-from dibs.schema.tables import JOBS, OUTBOX, PERIODIC, SCHEMA, WORKERS, jobs, outbox, periodic, schema_versions, workers
+from dibs.schema.tables import (
+    JOBS,
+    OUTBOX,
+    PERIODIC,
+    QUEUES,
+    SCHEMA,
+    WORKERS,
+    jobs,
+    outbox,
+    periodic,
+    queues,
+    schema_versions,
+    workers,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,6 +61,10 @@ def _exact_names_and_workers(conn: Connection) -> None:
     workers.create(conn, checkfirst=True)
 
 
+def _create_queues(conn: Connection) -> None:
+    queues.create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, description="the jobs table", apply=_create_jobs, creates=JOBS),
     Migration(version=2, description="the outbox table", apply=_create_outbox, creates=OUTBOX),
@@ -58,6 +75,8 @@ MIGRATIONS: tuple[Migration, ...] = (
         apply=_exact_names_and_workers,
         creates=WORKERS,
     ),
+    # Pausing queues: its own step, renumbered after any step merged before it.
+    Migration(version=5, description="the queues table: paused queues", apply=_create_queues, creates=QUEUES),
 )
 #: The schema version this dibs needs.
 LATEST = max(step.version for step in MIGRATIONS)

@@ -17,6 +17,9 @@ reads pending events only, and the check that an event heads its aggregate reads
 Every name and key (a task, a queue, a dedupe key, an aggregate...) is a :class:`Name` column: it compares
 byte for byte on every database, as it does in Python.
 
+``dibs_queues`` holds one row per queue someone paused (and, once resumed, kept with ``paused`` false):
+the claim takes no job of a paused queue.
+
 ``dibs_schema`` records which migrations have run. :func:`migrate` runs the missing ones in order;
 ``dibs init`` calls it.
 """
@@ -36,6 +39,7 @@ JOBS = "dibs_jobs"
 OUTBOX = "dibs_outbox"
 PERIODIC = "dibs_periodic"
 WORKERS = "dibs_workers"
+QUEUES = "dibs_queues"
 SCHEMA = "dibs_schema"
 
 metadata = sa.MetaData()
@@ -215,6 +219,16 @@ workers = sa.Table(
 )
 #: A worker whose heartbeat is older than this many of its leases is dead: its row is ignored and removed.
 DEAD_AFTER_LEASES = 3
+
+# Paused queues. The claim's WHERE reads this table by primary key, so a pause holds for every worker from
+# its next claim, and a resume from the next claim after it.
+queues = sa.Table(
+    QUEUES,
+    metadata,
+    sa.Column("name", Name(100), primary_key=True),
+    sa.Column("paused", sa.Boolean, nullable=False),
+    sa.Column("updated_at", Timestamp, nullable=False),
+)
 
 schema_versions = sa.Table(
     SCHEMA,

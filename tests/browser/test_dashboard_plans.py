@@ -1,0 +1,64 @@
+"""The dashboard's reads use indexes on every backend, on a table of mostly finished jobs: the
+overview's counts, the chart, a key's jobs and the next page of the list never read the whole table."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import dibs
+from dibs.dashboard import reads
+from tests.queue.database import QueueDatabase
+from tests.queue.support import (
+    assert_reads_indexes,
+    caught_statements,
+    plan_of,
+    reads_whole,
+    statistics_taken_now,
+)
+
+READS: dict[str, Any] = {
+    "queue counts": (lambda engine: reads.queue_lines(engine), ["dibs_jobs_claim"]),
+    "chart": (lambda engine: reads.throughput(engine), ["dibs_jobs_finished"]),
+    "a key's jobs": (lambda engine: reads.job_page(engine, reads.JobFilter(key="k-7"), None), ["dibs_jobs_dedupe"]),
+}
+
+
+def _filled(qdb: QueueDatabase, count: int = 3000) -> None:
+    """``count`` jobs that finished two days ago, statistics that say so, and one live job."""
+    app = qdb.app()
+
+    @app.task(name="bulk.step")
+    def step() -> None: ...
+
+    app.enqueue_many(step, [{}] * count)
+    finished = datetime.now(timezone.utc) - timedelta(days=2)
+    with qdb.engine.begin() as conn:
+        conn.execute(sa.update(dibs.schema.jobs).values(status="succeeded", finished_at=finished))
+    app.enqueue(step, dedupe_key="k-7")
+    statistics_taken_now(qdb.engine, "dibs_jobs")
+
+
+@pytest.mark.parametrize("read", list(READS))
+def test_a_dashboard_read_uses_its_indexes_not_the_whole_table(qdb: QueueDatabase, read: str) -> None:
+    _filled(qdb)
+    call, indexes = READS[read]
+    statements = caught_statements(qdb.engine, lambda: call(qdb.engine))
+    with qdb.engine.connect() as conn:
+        plans = [plan_of(conn, statement, parameters) for statement, parameters in statements]
+    if qdb.engine.dialect.name == "mysql":
+        indexes = [f"{index}_full" if index != "dibs_jobs_dedupe" else index for index in indexes]
+    everything = " || ".join(plans)
+    for index in indexes:
+        assert index in everything, everything
+    for plan in plans:
+        assert not reads_whole(plan, "dibs_jobs"), plan
+
+
+def test_the_next_page_of_jobs_starts_from_the_primary_key(qdb: QueueDatabase) -> None:
+    _filled(qdb, 500)
+    statements = caught_statements(qdb.engine, lambda: reads.job_page(qdb.engine, reads.JobFilter(), 250))
+    assert_reads_indexes(qdb.engine, statements, "dibs_jobs", [])
