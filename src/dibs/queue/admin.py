@@ -76,7 +76,7 @@ class Administering(AppBase):
             row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).first()
         if row is None:
             raise JobNotFound(f"there is no job {job_id} (it may have been purged)")
-        return Job.from_row(row)
+        return self._waited([Job.from_row(row)])[0]
 
     def jobs(
         self,
@@ -113,7 +113,7 @@ class Administering(AppBase):
         if task is not None:
             query = query.where(jobs.c.task == checked_text(task, "task", TASK_NAME_LIMIT))
         with self._tables(), connected(self.engine) as conn:
-            return [Job.from_row(row) for row in conn.execute(query)]
+            return self._waited([Job.from_row(row) for row in conn.execute(query)])
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a job: a waiting one at once; a running one is asked to stop.
@@ -173,7 +173,7 @@ class Administering(AppBase):
                 },
             )
         if rows:
-            return Job.from_row(rows[0])
+            return self._waited([Job.from_row(rows[0])])[0]
         job = self.get(job_id)
         raise InvalidArgument(f"job {job_id} is {job.status}; only dead or cancelled jobs can be retried")
 

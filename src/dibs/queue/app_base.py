@@ -12,6 +12,8 @@ from sqlalchemy.engine import Engine
 from dibs._checks import checked_integer, checked_name
 from dibs.engine import checked_url, create_engine, database_url
 from dibs.queue.enqueue import CHANNEL
+from dibs.queue.job import Job
+from dibs.queue.results import ResultWaiter
 from dibs.queue.store import JobStore
 from dibs.schema import migrate, tables_checked
 
@@ -51,6 +53,7 @@ class AppBase:
         #: Periodic job schedules by name (see :meth:`dibs.App.periodic`).
         self.schedules: dict[str, Periodic] = {}
         self._store: JobStore | None = None
+        self._results: ResultWaiter | None = None
 
     @property
     def engine(self) -> Engine:
@@ -79,9 +82,18 @@ class AppBase:
 
         Example:
             >>> app.init()
-            [1, 2, 3, 4]
+            [1, 2, 3, 4, 5]
         """
         return [step.version for step in migrate(self.engine)]
+
+    def _waited(self, found: list[Job]) -> list[Job]:
+        """These jobs, their results waited for by the App's one shared waiter."""
+        if self._results is None:
+            self._results = ResultWaiter(self.engine)
+        waiter = self._results
+        for job in found:
+            job.waited_by(waiter)
+        return found
 
     def _channel(self) -> str | None:
         return CHANNEL if self.notify else None

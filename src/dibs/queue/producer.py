@@ -92,7 +92,7 @@ class Enqueueing(AppBase):
             # INSERT, COMMIT), and the notification that follows it finds the job committed.
             with self._tables(), self.engine.connect() as connection:
                 autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
-                return insert_jobs(autocommit, new, self._channel())
+                return self._waited(insert_jobs(autocommit, new, self._channel()))
         return self._write(conn, lambda connection: insert_jobs(connection, new, self._channel()))
 
     async def aenqueue(
@@ -166,7 +166,7 @@ class Enqueueing(AppBase):
 
     def _write(self, conn: Any, work: Callable[[Connection], list[Job]]) -> list[Job]:
         with self._tables():
-            return self._write_on(conn, work)
+            return self._waited(self._write_on(conn, work))
 
     def _write_on(self, conn: Any, work: Callable[[Connection], list[Job]]) -> list[Job]:
         if conn is None:

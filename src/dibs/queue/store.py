@@ -160,6 +160,12 @@ class JobStore:
         """Mark jobs succeeded; returns the leases that were lost (those writes changed nothing)."""
         return leases.complete_many(conn, claimed, status=SUCCEEDED, set={jobs.c.dedupe_key: None})
 
+    def succeed_with_result(self, conn: Engine | Connection, lease: Lease, result: str) -> bool:
+        """Mark a job succeeded with the JSON of its result, in one fenced write; False if the lease was lost."""
+        done = {jobs.c.dedupe_key: None, jobs.c.result: result}
+        lost = leases.complete_many(conn, [lease], status=SUCCEEDED, set=done)
+        return not lost
+
     def retry(self, conn: Engine | Connection, lease: Lease, delay: timedelta, error: str) -> bool:
         """Schedule the job again ``delay`` from now on the database clock; False if the lease was lost."""
         lost = leases.fail_many(

@@ -15,6 +15,7 @@ from dibs._errors import InvalidArgument
 from dibs.lease import Lease
 from dibs.metrics import Metrics
 from dibs.queue.outcome import Outcome, failed_outcome
+from dibs.queue.results import encoded_result
 from dibs.queue.stage import Shared
 from dibs.queue.store import error_text
 from dibs.queue.task import Task
@@ -68,6 +69,36 @@ class JobWrites:
             log.warning(
                 "job %s finished, but its lease had been taken over: the outcome was not recorded", lease.key[0]
             )
+        self.shared.wakeup.wake()
+
+    async def succeeded_with(self, lease: Lease, task: Task, returned: object) -> None:
+        """Record a success whose task returned a value: the result and the completion in one fenced write.
+        A result that is not JSON, or too large, makes the job dead with that error, and nothing else stored."""
+        try:
+            text = encoded_result(returned)
+        except InvalidArgument as problem:
+            self.keeper.held.pop(lease.key, None)
+            if not await self.threads.call(self.store.bury, self.engine, lease, error_text(problem, "")):
+                self.stats.lost += 1
+                return
+            self.stats.dead += 1
+            if self.metrics is not None:
+                self.metrics.finished(task.name, "dead")
+            log.warning("job %s (%s) dead, its result cannot be kept: %s", lease.key[0], task.name, problem)
+            return
+        self.keeper.held.pop(lease.key, None)
+        try:
+            kept = await self.threads.call(self.store.succeed_with_result, self.engine, lease, text)
+        except Exception:
+            self.keeper.hold([lease])
+            raise
+        if not kept:
+            self.stats.lost += 1
+            log.warning("job %s finished, but its lease had been taken over: its result was not kept", lease.key[0])
+            return
+        self.stats.succeeded += 1
+        if self.metrics is not None:
+            self.metrics.finished(task.name, "succeeded")
         self.shared.wakeup.wake()
 
     def _not_written(self, error: Exception, done: list[Lease]) -> None:

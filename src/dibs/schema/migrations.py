@@ -47,6 +47,15 @@ def _exact_names_and_workers(conn: Connection) -> None:
     workers.create(conn, checkfirst=True)
 
 
+def _job_results(conn: Connection) -> None:
+    """The result column, added in place: the jobs stay. A jobs table created (again) by step 1 has it."""
+    present = {column["name"] for column in sa.inspect(conn).get_columns(JOBS)}
+    if jobs.c.result.name in present:
+        return
+    column = sa.schema.CreateColumn(jobs.c.result).compile(dialect=conn.dialect)
+    conn.execute(sa.text(f"ALTER TABLE {JOBS} ADD COLUMN {column}"))
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, description="the jobs table", apply=_create_jobs, creates=JOBS),
     Migration(version=2, description="the outbox table", apply=_create_outbox, creates=OUTBOX),
@@ -57,6 +66,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         apply=_exact_names_and_workers,
         creates=WORKERS,
     ),
+    Migration(version=5, description="job results: the result column of dibs_jobs", apply=_job_results),
 )
 #: The schema version this dibs needs.
 LATEST = max(step.version for step in MIGRATIONS)
@@ -93,8 +103,8 @@ def migrate(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRA
         The steps applied, none when the database was up to date.
 
     Example:
-        >>> [step.version for step in dibs.migrate(engine)]
-        [1, 2, 3, 4]
+        >>> len(dibs.migrate(engine)), dibs.migrate(engine)
+        (5, [])
     """
     applied: list[Migration] = []
     for attempt in range(1, MIGRATE_TRIES + 1):

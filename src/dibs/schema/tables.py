@@ -64,6 +64,8 @@ jobs = sa.Table(
     sa.Column("started_at", Timestamp, nullable=True),
     sa.Column("finished_at", Timestamp, nullable=True),
     sa.Column("last_error", LongText, nullable=True),
+    # The JSON of what the task returned, when it succeeded and returned something other than None.
+    sa.Column("result", LongText, nullable=True),
 )
 
 
