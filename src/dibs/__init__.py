@@ -25,7 +25,19 @@ from dibs.due import DueScheduler, DueStats, add_due_columns, due_columns
 from dibs.engine import create_async_engine, create_engine
 from dibs.lease import Claimer, Lease, Leases, lease_columns
 from dibs.outbox import Outbox, OutboxEvent, OutboxStatus, Relay, RelaySettings, RelayStats
-from dibs.queue import App, Job, JobContext, QueueStatus, Retry, StrandedJobs, Task, Worker, WorkerStats, WorkerStatus
+from dibs.queue import (
+    App,
+    Job,
+    JobContext,
+    QueueStatus,
+    Retry,
+    Step,
+    StrandedJobs,
+    Task,
+    Worker,
+    WorkerStats,
+    WorkerStatus,
+)
 from dibs.schema import Timestamp, migrate
 
 __version__ = "0.1.0.dev0"
@@ -61,6 +73,7 @@ __all__ = [
     "ResultTimeout",
     "Retry",
     "SchemaMissing",
+    "Step",
     "StrandedJobs",
     "Task",
     "Timestamp",

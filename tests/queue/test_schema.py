@@ -30,11 +30,11 @@ VERSIONS = [step.version for step in MIGRATIONS]
 def test_migrate_creates_the_tables_once(empty_db: QueueDatabase) -> None:
     engine = empty_db.engine
     assert current_version(engine) == 0
-    assert [step.version for step in dibs.migrate(engine)] == VERSIONS == [1, 2, 3, 4, 5]
+    assert [step.version for step in dibs.migrate(engine)] == VERSIONS == [1, 2, 3, 4, 5, 6]
     assert current_version(engine) == LATEST
     assert dibs.migrate(engine) == []
     assert empty_db.app().init() == []
-    assert {"dibs_jobs", "dibs_outbox", "dibs_periodic", "dibs_schema", "dibs_workers"} <= set(
+    assert {"dibs_jobs", "dibs_job_parents", "dibs_outbox", "dibs_periodic", "dibs_schema", "dibs_workers"} <= set(
         sa.inspect(engine).get_table_names()
     )
     require_current(engine)
@@ -56,7 +56,7 @@ def test_a_version_1_database_with_jobs_gains_the_outbox(empty_db: QueueDatabase
     kept = app.enqueue(do, {"n": 1})
     with pytest.raises(dibs.SchemaMissing, match=f"has dibs schema version 1, this dibs needs {LATEST}"):
         require_current(engine)
-    assert [step.version for step in dibs.migrate(engine)] == [2, 3, 4, 5]
+    assert [step.version for step in dibs.migrate(engine)] == [2, 3, 4, 5, 6]
     assert "dibs_outbox" in sa.inspect(engine).get_table_names()
     assert app.get(kept.id).status == "queued"
     outbox = dibs.Outbox(engine)

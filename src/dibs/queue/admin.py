@@ -19,7 +19,7 @@ from dibs.queue.app_base import AppBase
 from dibs.queue.job import Job
 from dibs.queue.registry import StrandedJobs, WorkerStatus, live_workers, stranded_jobs
 from dibs.queue.task import TASK_NAME_LIMIT
-from dibs.schema import CANCELLED, DEAD, FINISHED, QUEUED, RUNNING, SCHEDULED, STATES, aware, jobs
+from dibs.schema import CANCELLED, DEAD, FINISHED, QUEUED, RUNNING, SCHEDULED, STATES, WAITING, aware, jobs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -135,13 +135,17 @@ class Administering(AppBase):
         # Plain UPDATEs, which wait for a row another transaction holds, where a claim would skip it.
         waiting = (
             sa.update(jobs)
-            .where(jobs.c.id == job_id, jobs.c.status.in_([SCHEDULED, QUEUED]))
+            .where(jobs.c.id == job_id, jobs.c.status.in_([WAITING, SCHEDULED, QUEUED]))
             .values(status=CANCELLED, finished_at=backend.now(), dedupe_key=None, last_error="cancelled before it ran")
         )
         running = sa.update(jobs).where(jobs.c.id == job_id, jobs.c.status == RUNNING).values(cancel_requested=True)
         with self._tables(), writing(self.engine) as conn:
-            if conn.execute(waiting).rowcount == 0:
+            cancelled = conn.execute(waiting).rowcount > 0
+            if not cancelled:
                 conn.execute(running)
+        if cancelled:
+            with self._tables():
+                self.store.settle_children(self.engine, [job_id])  # the jobs waiting for it are cancelled too
         return self.get(job_id)
 
     def retry(self, job_id: int) -> Job:

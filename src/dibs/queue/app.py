@@ -13,7 +13,8 @@
         send_receipt.enqueue({"order_id": 8}, conn=conn)
 
 The App is wiring: its database and tasks (``app_base``), registration of tasks and schedules
-(``registering``), the producer side (``producer``) and administration (``admin``).
+(``registering``), the producer side (``producer``), chains and groups (``workflows``) and
+administration (``admin``).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from typing import Any
 from dibs.queue.admin import Administering, QueueStatus
 from dibs.queue.registering import Registering
 from dibs.queue.worker import Worker
+from dibs.queue.workflows import Workflows
 
 __all__ = ["App", "QueueStatus"]
 
 
-class App(Registering, Administering):
+class App(Registering, Workflows, Administering):
     """Tasks and the database their jobs live in.
 
     Args:

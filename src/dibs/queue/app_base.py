@@ -82,7 +82,7 @@ class AppBase:
 
         Example:
             >>> app.init()
-            [1, 2, 3, 4, 5]
+            [1, 2, 3, 4, 5, 6]
         """
         return [step.version for step in migrate(self.engine)]
 

@@ -19,7 +19,7 @@ from dibs.lease import Lease
 from dibs.metrics import Metrics
 from dibs.queue.fetch import ClaimedJobs
 from dibs.queue.job import JobContext
-from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, ID_AT, TASK_AT
+from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, HAS_PARENTS_AT, ID_AT, TASK_AT
 from dibs.queue.task import Task
 from dibs.queue.writes import JobWrites
 
@@ -142,6 +142,9 @@ class Runners:
             await self.writes.reject(lease, task, f"the arguments stored for job {job_id} ({task.name}) {args}")
             return
         context = JobContext(job_id, task.name, row[ATTEMPTS_AT], args)
+        if row[HAS_PARENTS_AT] is not None:  # it waited for other jobs: their results, read once
+            writes = self.writes
+            context.parent_results = await writes.threads.call(writes.store.parent_results, writes.engine, job_id)
         self.running[job_id] = _Running(lease, task, context, runner)
         kwargs = {**args, "context": context} if task.wants_context else args
         started = time.perf_counter()

@@ -25,7 +25,8 @@ class Job:
         queue: The queue it is in.
         args: Its arguments.
         priority: Higher runs first within a queue.
-        status: scheduled, queued, running, succeeded, dead or cancelled.
+        status: waiting (for the jobs it was enqueued after), scheduled, queued, running, succeeded, dead or
+            cancelled.
         run_at: When it may run (for a retried job, when its next attempt may run).
         attempts: How many times it has run.
         max_attempts: How many times it may run before it is dead.
@@ -171,6 +172,10 @@ class JobContext:
         self.attempt = attempt
         self.args = args
         self.stop_reason: str | None = None
+        #: The results of the jobs this one waited for (``after=``, a chain's previous step, a group's
+        #: members), in the order they were given; None for one that returned None, or did not succeed
+        #: (with ``on_parent_failure="run"``). Empty for a job that waited for none.
+        self.parent_results: list[Any] = []
         # Made on first wait(): most jobs never wait, and an Event costs more than a no-op job.
         self._event: threading.Event | None = None
 

@@ -11,7 +11,20 @@ from sqlalchemy.engine import Connection, Engine
 
 from dibs.dialects import backend_for
 from dibs.engine import connected
-from dibs.schema.tables import JOBS, OUTBOX, PERIODIC, SCHEMA, WORKERS, jobs, outbox, periodic, schema_versions, workers
+from dibs.schema.tables import (
+    JOB_PARENTS,
+    JOBS,
+    OUTBOX,
+    PERIODIC,
+    SCHEMA,
+    WORKERS,
+    job_parents,
+    jobs,
+    outbox,
+    periodic,
+    schema_versions,
+    workers,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,13 +60,30 @@ def _exact_names_and_workers(conn: Connection) -> None:
     workers.create(conn, checkfirst=True)
 
 
-def _job_results(conn: Connection) -> None:
-    """The result column, added in place: the jobs stay. A jobs table created (again) by step 1 has it."""
+def _add_job_columns(conn: Connection, *names: str) -> list[str]:
+    """Add these columns of ``dibs_jobs`` in place (the jobs stay), those it lacks; returns those added. A
+    jobs table created (again) by step 1 has them all."""
     present = {column["name"] for column in sa.inspect(conn).get_columns(JOBS)}
-    if jobs.c.result.name in present:
-        return
-    column = sa.schema.CreateColumn(jobs.c.result).compile(dialect=conn.dialect)
-    conn.execute(sa.text(f"ALTER TABLE {JOBS} ADD COLUMN {column}"))
+    added = []
+    for name in names:
+        if name not in present:
+            column = sa.schema.CreateColumn(jobs.c[name]).compile(dialect=conn.dialect)
+            conn.execute(sa.text(f"ALTER TABLE {JOBS} ADD COLUMN {column}"))
+            added.append(name)
+    return added
+
+
+def _job_results(conn: Connection) -> None:
+    _add_job_columns(conn, "result")
+
+
+def _job_dependencies(conn: Connection) -> None:
+    if _add_job_columns(conn, "has_children", "on_parent_failure", "parents_left"):
+        partial = backend_for(conn.dialect).partial_indexes
+        for index in jobs.indexes:
+            if index.name == ("dibs_jobs_children" if partial else "dibs_jobs_children_full"):
+                index.create(conn, checkfirst=True)
+    job_parents.create(conn, checkfirst=True)
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -67,6 +97,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         creates=WORKERS,
     ),
     Migration(version=5, description="job results: the result column of dibs_jobs", apply=_job_results),
+    Migration(
+        version=6,
+        description="jobs that wait for other jobs: the waiting state's columns and dibs_job_parents",
+        apply=_job_dependencies,
+        creates=JOB_PARENTS,
+    ),
 )
 #: The schema version this dibs needs.
 LATEST = max(step.version for step in MIGRATIONS)
@@ -104,7 +140,7 @@ def migrate(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRA
 
     Example:
         >>> len(dibs.migrate(engine)), dibs.migrate(engine)
-        (5, [])
+        (6, [])
     """
     applied: list[Migration] = []
     for attempt in range(1, MIGRATE_TRIES + 1):
