@@ -254,6 +254,7 @@ def test_status_counts_jobs_per_queue_and_state(qdb: QueueDatabase) -> None:
     assert set(by_queue) == {"default", "later"}
     default, later = by_queue["default"], by_queue["later"]
     assert default.counts == {
+        "waiting": 0,
         "scheduled": 0,
         "queued": 0,
         "running": 0,
