@@ -12,8 +12,10 @@ from dibs._errors import (
     InEventLoop,
     InTransaction,
     InvalidArgument,
+    JobFailed,
     JobNotFound,
     LeaseLost,
+    ResultTimeout,
     SchemaMissing,
     UnknownQueue,
     UnknownTask,
@@ -23,7 +25,19 @@ from dibs.due import DueScheduler, DueStats, add_due_columns, due_columns
 from dibs.engine import create_async_engine, create_engine
 from dibs.lease import Claimer, Lease, Leases, lease_columns
 from dibs.outbox import Outbox, OutboxEvent, OutboxStatus, Relay, RelaySettings, RelayStats
-from dibs.queue import App, Job, JobContext, QueueStatus, Retry, StrandedJobs, Task, Worker, WorkerStats, WorkerStatus
+from dibs.queue import (
+    App,
+    Job,
+    JobContext,
+    QueueStatus,
+    Retry,
+    Step,
+    StrandedJobs,
+    Task,
+    Worker,
+    WorkerStats,
+    WorkerStatus,
+)
 from dibs.schema import Timestamp, migrate
 
 __version__ = "0.1.0.dev0"
@@ -44,6 +58,7 @@ __all__ = [
     "InvalidArgument",
     "Job",
     "JobContext",
+    "JobFailed",
     "JobNotFound",
     "Lease",
     "LeaseLost",
@@ -55,8 +70,10 @@ __all__ = [
     "Relay",
     "RelaySettings",
     "RelayStats",
+    "ResultTimeout",
     "Retry",
     "SchemaMissing",
+    "Step",
     "StrandedJobs",
     "Task",
     "Timestamp",

@@ -12,6 +12,8 @@
     ├── LeaseLost           the lease was taken over or finished; the write changed nothing
     ├── SchemaMissing       the database lacks the dibs tables, or has an older version of them
     ├── JobNotFound         (also a LookupError) no job with that id
+    ├── JobFailed           the job whose result was asked for died or was cancelled
+    ├── ResultTimeout       (also a TimeoutError) the job had not finished when the wait ran out
     ├── EventNotFound       (also a LookupError) no outbox event with that id
     └── BrokerUnavailable   an outbox publisher could not reach its broker; nothing was confirmed
 
@@ -49,6 +51,32 @@ class SchemaMissing(DibsError):
 
 class JobNotFound(DibsError, LookupError):
     """No job with that id exists (it may have been purged)."""
+
+
+class JobFailed(DibsError):
+    """The job whose result was asked for finished without one: it died or was cancelled.
+
+    Args:
+        message: What became of the job.
+        job_id: The job's id.
+        status: ``dead`` or ``cancelled``.
+        error: Its stored error (type, message and traceback), if it has one.
+
+    Attributes:
+        job_id: The job's id.
+        status: ``dead`` or ``cancelled``.
+        error: Its stored error, if it has one.
+    """
+
+    def __init__(self, message: str, *, job_id: int, status: str, error: str | None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        self.status = status
+        self.error = error
+
+
+class ResultTimeout(DibsError, TimeoutError):
+    """The job had not finished when the wait for its result ran out; the job itself was left alone."""
 
 
 class EventNotFound(DibsError, LookupError):

@@ -30,11 +30,11 @@ VERSIONS = [step.version for step in MIGRATIONS]
 def test_migrate_creates_the_tables_once(empty_db: QueueDatabase) -> None:
     engine = empty_db.engine
     assert current_version(engine) == 0
-    assert [step.version for step in dibs.migrate(engine)] == VERSIONS == [1, 2, 3, 4, 5]
+    assert [step.version for step in dibs.migrate(engine)] == VERSIONS == [1, 2, 3, 4, 5, 6, 7]
     assert current_version(engine) == LATEST
     assert dibs.migrate(engine) == []
     assert empty_db.app().init() == []
-    assert {"dibs_jobs", "dibs_outbox", "dibs_periodic", "dibs_schema", "dibs_workers"} <= set(
+    assert {"dibs_jobs", "dibs_job_parents", "dibs_outbox", "dibs_periodic", "dibs_schema", "dibs_workers"} <= set(
         sa.inspect(engine).get_table_names()
     )
     require_current(engine)
@@ -254,6 +254,7 @@ def test_status_counts_jobs_per_queue_and_state(qdb: QueueDatabase) -> None:
     assert set(by_queue) == {"default", "later"}
     default, later = by_queue["default"], by_queue["later"]
     assert default.counts == {
+        "waiting": 0,
         "scheduled": 0,
         "queued": 0,
         "running": 0,

@@ -84,7 +84,7 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
         ("lease owner", job.lease_owner),
         ("lease expires at", job.lease_expires_at),
     ]
-    echo_record(f"job {job.id}", fields, [("last error", job.last_error)])
+    echo_record(f"job {job.id}", fields, [("result", job.result_json), ("last error", job.last_error)])
 
 
 @jobs.command(help="Queue the dead or cancelled jobs IDS again, their attempts counted from zero.")

@@ -5,6 +5,7 @@ from dibs.queue.job import Job, JobContext
 from dibs.queue.registry import StrandedJobs, WorkerStatus
 from dibs.queue.task import Task
 from dibs.queue.worker import Worker, WorkerStats
+from dibs.queue.workflows import Step
 from dibs.retry import Retry
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "JobContext",
     "QueueStatus",
     "Retry",
+    "Step",
     "StrandedJobs",
     "Task",
     "Worker",

@@ -19,7 +19,7 @@ from dibs.queue.app_base import AppBase
 from dibs.queue.job import Job
 from dibs.queue.registry import StrandedJobs, WorkerStatus, live_workers, stranded_jobs
 from dibs.queue.task import TASK_NAME_LIMIT
-from dibs.schema import CANCELLED, DEAD, FINISHED, QUEUED, RUNNING, SCHEDULED, STATES, aware, jobs
+from dibs.schema import CANCELLED, DEAD, FINISHED, QUEUED, RUNNING, SCHEDULED, STATES, WAITING, aware, jobs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,7 +76,7 @@ class Administering(AppBase):
             row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).first()
         if row is None:
             raise JobNotFound(f"there is no job {job_id} (it may have been purged)")
-        return Job.from_row(row)
+        return self._waited([Job.from_row(row)])[0]
 
     def jobs(
         self,
@@ -113,7 +113,7 @@ class Administering(AppBase):
         if task is not None:
             query = query.where(jobs.c.task == checked_text(task, "task", TASK_NAME_LIMIT))
         with self._tables(), connected(self.engine) as conn:
-            return [Job.from_row(row) for row in conn.execute(query)]
+            return self._waited([Job.from_row(row) for row in conn.execute(query)])
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a job: a waiting one at once; a running one is asked to stop.
@@ -135,13 +135,17 @@ class Administering(AppBase):
         # Plain UPDATEs, which wait for a row another transaction holds, where a claim would skip it.
         waiting = (
             sa.update(jobs)
-            .where(jobs.c.id == job_id, jobs.c.status.in_([SCHEDULED, QUEUED]))
+            .where(jobs.c.id == job_id, jobs.c.status.in_([WAITING, SCHEDULED, QUEUED]))
             .values(status=CANCELLED, finished_at=backend.now(), dedupe_key=None, last_error="cancelled before it ran")
         )
         running = sa.update(jobs).where(jobs.c.id == job_id, jobs.c.status == RUNNING).values(cancel_requested=True)
         with self._tables(), writing(self.engine) as conn:
-            if conn.execute(waiting).rowcount == 0:
+            cancelled = conn.execute(waiting).rowcount > 0
+            if not cancelled:
                 conn.execute(running)
+        if cancelled:
+            with self._tables():
+                self.store.settle_children(self.engine, [job_id])  # the jobs waiting for it are cancelled too
         return self.get(job_id)
 
     def retry(self, job_id: int) -> Job:
@@ -173,7 +177,7 @@ class Administering(AppBase):
                 },
             )
         if rows:
-            return Job.from_row(rows[0])
+            return self._waited([Job.from_row(rows[0])])[0]
         job = self.get(job_id)
         raise InvalidArgument(f"job {job_id} is {job.status}; only dead or cancelled jobs can be retried")
 

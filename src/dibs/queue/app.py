@@ -13,8 +13,8 @@
         send_receipt.enqueue({"order_id": 8}, conn=conn)
 
 The App is wiring: its database and tasks (``app_base``), registration of tasks and schedules
-(``registering``), the producer side (``producer``), administration (``admin``) and pausing queues
-(``pausing``).
+(``registering``), the producer side (``producer``), chains and groups (``workflows``), administration
+(``admin``) and pausing queues (``pausing``).
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from dibs.queue.admin import Administering, QueueStatus
 from dibs.queue.pausing import Pausing
 from dibs.queue.registering import Registering
 from dibs.queue.worker import Worker
+from dibs.queue.workflows import Workflows
 
 __all__ = ["App", "QueueStatus"]
 
 
-class App(Registering, Administering, Pausing):
+class App(Registering, Workflows, Administering, Pausing):
     """Tasks and the database their jobs live in.
 
     Args:

@@ -11,6 +11,8 @@ from sqlalchemy.engine import Engine
 
 from dibs._checks import checked_integer, checked_name
 from dibs.queue.enqueue import CHANNEL
+from dibs.queue.job import Job
+from dibs.queue.results import ResultWaiter
 from dibs.queue.store import JobStore
 from dibs.schema import DibsDatabase, tables_checked
 
@@ -42,6 +44,7 @@ class AppBase(DibsDatabase):
         #: Periodic job schedules by name (see :meth:`dibs.App.periodic`).
         self.schedules: dict[str, Periodic] = {}
         self._store: JobStore | None = None
+        self._results: ResultWaiter | None = None
 
     @property
     def store(self) -> JobStore:
@@ -54,6 +57,15 @@ class AppBase(DibsDatabase):
     def queues(self) -> frozenset[str]:
         """Every queue a task names or the app declares."""
         return self.declared_queues | {task.queue for task in self.tasks.values()}
+
+    def _waited(self, found: list[Job]) -> list[Job]:
+        """These jobs, their results waited for by the App's one shared waiter."""
+        if self._results is None:
+            self._results = ResultWaiter(self.engine)
+        waiter = self._results
+        for job in found:
+            job.waited_by(waiter)
+        return found
 
     def _channel(self) -> str | None:
         return CHANNEL if self.notify else None

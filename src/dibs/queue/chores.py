@@ -1,6 +1,6 @@
 """A worker's upkeep, apart from the claim: scheduled jobs whose time came become queued, periodic jobs are
-enqueued, expired leases of crashed workers are recovered, old finished jobs are purged if asked, and the
-queue depths are observed for the metrics."""
+enqueued, expired leases of crashed workers are recovered, jobs waiting for finished ones are settled,
+old finished jobs are purged if asked, and the queue depths are observed for the metrics."""
 
 from __future__ import annotations
 
@@ -50,6 +50,11 @@ def worker_chores(
             log.warning("recovered %d jobs of workers that stopped renewing their lease (%d dead)", requeued, dead)
             wakeup.wake()
 
+    async def settle() -> None:
+        # The backstop: children of finished jobs that the finishing worker did not settle.
+        if await call(store.settle_unsettled, engine):
+            wakeup.wake()
+
     async def purge() -> None:
         await call(app.purge, older_than=retention)
 
@@ -58,7 +63,12 @@ def worker_chores(
         if watched is not None:
             watched.observe(await call(app.status))
 
-    chores = [Chore("promote", every, promote), Chore("periodic", every, periodic), Chore("recover", every, recover)]
+    chores = [
+        Chore("promote", every, promote),
+        Chore("periodic", every, periodic),
+        Chore("recover", every, recover),
+        Chore("settle", every, settle),
+    ]
     if retention is not None:
         chores.append(Chore("purge", PURGE_EVERY, purge))
     chores.append(Chore("metrics", every, observe))

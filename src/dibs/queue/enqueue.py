@@ -22,9 +22,18 @@ from dibs._errors import DibsError, InvalidArgument, UnknownQueue, UnknownTask
 from dibs.dialects import Backend, backend_for
 from dibs.dialects.base import resolve_times
 from dibs.dialects.inserts import Returning
+from dibs.queue.dependencies import link, parent_ids
 from dibs.queue.job import Job
 from dibs.queue.task import TASK_NAME_LIMIT, Task
-from dibs.schema import LIVE, QUEUED, SCHEDULED, jobs
+from dibs.schema import (
+    CANCEL_ON_PARENT_FAILURE,
+    LIVE,
+    QUEUED,
+    RUN_ON_PARENT_FAILURE,
+    SCHEDULED,
+    WAITING,
+    jobs,
+)
 
 #: PostgreSQL wakes idle workers on this channel when jobs are enqueued.
 CHANNEL = "dibs_jobs"
@@ -43,6 +52,8 @@ class NewJob:
     values: dict[str, Any]
     delay: float | None  # seconds from now on the database clock, or None when run_at is given
     run_at: datetime | None
+    #: The jobs it waits for (``after=``), in order.
+    parents: tuple[int, ...] = ()
 
 
 def new_job(
@@ -59,6 +70,8 @@ def new_job(
     dedupe_key: str | None = None,
     ordering_key: str | None = None,
     tag: str | None = None,
+    after: Sequence[Any] | None = None,
+    on_parent_failure: str | None = None,
 ) -> NewJob:
     """Check every option of one job; InvalidArgument saying what to change for the first bad one."""
     arguments = {} if args is None else args
@@ -81,6 +94,8 @@ def new_job(
     if key is not None:
         checked_text(key, "ordering_key", _KEY_LIMIT)
     chosen_tag = task.tag if tag is None else checked_name(tag, "tag")
+    parents = () if after is None else parent_ids(after)
+    policy = _parent_failure(on_parent_failure, parents, dedupe_key)
     refusal = task.refusal(arguments)
     if refusal is not None:
         raise InvalidArgument(f"the arguments of a {task.name!r} job do not fit the task: {refusal}")
@@ -91,13 +106,40 @@ def new_job(
         "priority": task.priority if priority is None else checked_priority(priority),
         # A job that must wait is scheduled; the queue moves it to queued when its time comes on the
         # database clock, so the claim never reads jobs that are not runnable yet.
-        "status": QUEUED if seconds == 0.0 else SCHEDULED,
+        # A job enqueued after others waits for them, and is then queued or scheduled by its run time.
+        "status": WAITING if parents else QUEUED if seconds == 0.0 else SCHEDULED,
         "max_attempts": task.max_attempts if max_attempts is None else checked_attempts(max_attempts),
         "dedupe_key": dedupe_key,
         "ordering_key": key,
         "tag": chosen_tag,
+        "on_parent_failure": policy,
     }
-    return NewJob(values=values, delay=seconds, run_at=when)
+    return NewJob(values=values, delay=seconds, run_at=when, parents=parents)
+
+
+def waiting_for(new: NewJob, parents: Sequence[int]) -> NewJob:
+    """``new``, made to wait for ``parents`` (a step of a chain or a group's callback, whose parents are
+    inserted with it)."""
+    policy = new.values["on_parent_failure"] or CANCEL_ON_PARENT_FAILURE
+    values = {**new.values, "status": WAITING, "on_parent_failure": policy}
+    return NewJob(values=values, delay=new.delay, run_at=new.run_at, parents=(*new.parents, *parents))
+
+
+def _parent_failure(policy: str | None, parents: tuple[int, ...], dedupe_key: str | None) -> str | None:
+    """The checked ``on_parent_failure`` of a job waiting for ``parents`` (None for a job waiting for none)."""
+    if not parents:
+        if policy is not None:
+            raise InvalidArgument("on_parent_failure applies to a job enqueued with after=; give after too")
+        return None
+    if dedupe_key is not None:
+        raise InvalidArgument("a job enqueued with after= cannot have a dedupe_key; give one or the other")
+    chosen = CANCEL_ON_PARENT_FAILURE if policy is None else policy
+    if chosen not in (CANCEL_ON_PARENT_FAILURE, RUN_ON_PARENT_FAILURE):
+        raise InvalidArgument(
+            f"on_parent_failure must be {CANCEL_ON_PARENT_FAILURE!r} (the job is cancelled when a job it waits "
+            f"for dies or is cancelled) or {RUN_ON_PARENT_FAILURE!r} (it runs anyway), got {policy!r}"
+        )
+    return chosen
 
 
 def _encoded(task: Task, arguments: Any, max_args_bytes: int) -> str:
@@ -137,11 +179,23 @@ def insert_jobs(conn: Connection, new: Sequence[NewJob], notify_channel: str | N
     for index, waiting in enumerate(new):
         if waiting.values["dedupe_key"] is not None:
             stored[index] = _insert_deduplicated(conn, backend, waiting)
+    children = [(job.id, waiting.parents) for job, waiting in zip(stored, new, strict=True) if job and waiting.parents]
+    if children:
+        link(conn, children)
+        _refresh(conn, stored, {child for child, _ in children})
     notify = backend.notify(notify_channel) if notify_channel else None
     if notify is not None and new:
         queues = sorted({job.values["queue"] for job in new})
         conn.execute(notify, {"dibs_payload": ",".join(queues)})
     return [job for job in stored if job is not None]
+
+
+def _refresh(conn: Connection, stored: list[Job | None], ids: set[int]) -> None:
+    """Read these jobs again: linking them may have queued (or cancelled) them at once."""
+    rows = {row.id: row for row in conn.execute(sa.select(jobs).where(jobs.c.id.in_(sorted(ids))))}
+    for index, job in enumerate(stored):
+        if job is not None and job.id in rows:
+            stored[index] = Job.from_row(rows[job.id])
 
 
 #: Insert statements by (backend, timed by run_at, skipping dedupe conflicts, returning): building one costs

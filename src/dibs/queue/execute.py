@@ -19,14 +19,15 @@ from dibs.lease import Lease
 from dibs.metrics import Metrics
 from dibs.queue.fetch import ClaimedJobs
 from dibs.queue.job import JobContext
-from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, ID_AT, TASK_AT
+from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, HAS_PARENTS_AT, ID_AT, TASK_AT
 from dibs.queue.task import Task
 from dibs.queue.writes import JobWrites
 
 log = logging.getLogger("dibs.worker")
 
-#: What a run raised (None: it returned) and its formatted traceback ("" when it says nothing more).
-Raised = tuple[BaseException | None, str]
+#: What a run raised (None: it returned), its formatted traceback ("" when it says nothing more), and what
+#: it returned.
+Raised = tuple[BaseException | None, str, Any]
 
 
 @dataclass
@@ -141,11 +142,14 @@ class Runners:
             await self.writes.reject(lease, task, f"the arguments stored for job {job_id} ({task.name}) {args}")
             return
         context = JobContext(job_id, task.name, row[ATTEMPTS_AT], args)
+        if row[HAS_PARENTS_AT] is not None:  # it waited for other jobs: their results, read once
+            writes = self.writes
+            context.parent_results = await writes.threads.call(writes.store.parent_results, writes.engine, job_id)
         self.running[job_id] = _Running(lease, task, context, runner)
         kwargs = {**args, "context": context} if task.wants_context else args
         started = time.perf_counter()
         try:
-            error, formatted = await self._execute(task, kwargs, context)
+            error, formatted, returned = await self._execute(task, kwargs, context)
         finally:
             # Out of `running` before anything else is awaited: a cancellation aimed at this job can no
             # longer land in the writes that record its outcome.
@@ -153,7 +157,10 @@ class Runners:
         if self.metrics is not None:
             self.metrics.ran(task.name, time.perf_counter() - started)
         if error is None and context.stop_reason != "cancelled":
-            self._succeeded(lease)
+            if returned is None:
+                self._succeeded(lease)
+            else:
+                await self.writes.succeeded_with(lease, task, returned)
             return
         misfit = task.misfit(kwargs) if isinstance(error, TypeError) else None
         if misfit is not None:
@@ -165,14 +172,15 @@ class Runners:
         await self.writes.failed(lease, task, context.stop_reason, stopped, formatted)
 
     async def _execute(self, task: Task, kwargs: dict[str, Any], context: JobContext) -> Raised:
-        """Run the task's function; returns what it raised (None if it returned) and the traceback."""
+        """Run the task's function; returns what it raised (None if it returned), the traceback, and what it
+        returned."""
         began = time.monotonic()
         try:
             if task.is_async:
                 if task.timeout is None:
-                    await task.function(**kwargs)
+                    returned = await task.function(**kwargs)
                 else:
-                    await asyncio.wait_for(task.function(**kwargs), task.timeout)
+                    returned = await asyncio.wait_for(task.function(**kwargs), task.timeout)
             else:
                 # Inline rather than a helper: a sync job's run is the hot path, and a helper coroutine would
                 # cost one more object per job.
@@ -186,26 +194,26 @@ class Runners:
                         with contextlib.suppress(Exception):
                             await call
                         raise timed_out(task)
-                await call
+                returned = await call
         except asyncio.CancelledError:
             # Only async jobs are cancelled on purpose (cancel, lease lost, shutdown); anything else is the
             # loop itself going away.
             if context.stop_reason is None or not task.is_async:
                 raise
             _uncancel()
-            return asyncio.CancelledError(context.stop_reason), ""
+            return asyncio.CancelledError(context.stop_reason), "", None
         except asyncio.TimeoutError as error:
             # Since Python 3.11 wait_for's TimeoutError and one the job raised itself (a socket's, an inner
             # wait_for's) are the same class; only wait_for's comes at the job's time limit.
             if context.stop_reason == "timeout":
-                return error, ""
+                return error, "", None
             if task.timeout is None or time.monotonic() - began < task.timeout - 0.05:
-                return error, traceback.format_exc()
+                return error, traceback.format_exc(), None
             context.stop("timeout")
-            return timed_out(task), ""
+            return timed_out(task), "", None
         except Exception as error:
-            return error, traceback.format_exc()
-        return None, ""
+            return error, traceback.format_exc(), None
+        return None, "", returned
 
 
 def _uncancel() -> None:

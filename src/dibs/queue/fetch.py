@@ -153,7 +153,7 @@ class Fetcher:
                 jobs.put(claimed)
                 backoff.reset()
                 continue
-            if settings.burst and not held and not self.writes.successes.writing:
+            if settings.burst and not held and not self.writes.successes.writing and not self.writes.recording:
                 left = await self._work_left()
                 if left is not None and not left.queued and not left.scheduled:
                     # Nothing is left for this worker; jobs still running elsewhere may yet leave some.

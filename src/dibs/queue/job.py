@@ -10,7 +10,9 @@ from typing import Any
 
 from sqlalchemy.engine import Row
 
-from dibs.schema import aware
+from dibs._errors import InvalidArgument
+from dibs.queue.results import Finished, ResultWaiter
+from dibs.schema import FINISHED, aware
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,7 +25,8 @@ class Job:
         queue: The queue it is in.
         args: Its arguments.
         priority: Higher runs first within a queue.
-        status: scheduled, queued, running, succeeded, dead or cancelled.
+        status: waiting (for the jobs it was enqueued after), scheduled, queued, running, succeeded, dead or
+            cancelled.
         run_at: When it may run (for a retried job, when its next attempt may run).
         attempts: How many times it has run.
         max_attempts: How many times it may run before it is dead.
@@ -37,6 +40,8 @@ class Job:
         lease_owner: The worker that holds it, while one does.
         cancel_requested: Whether it was asked to stop while running.
         lease_expires_at: When the lease of the worker running it runs out, unless renewed.
+        result_json: The JSON of what its task returned, once it succeeded (None when it returned None);
+            :meth:`result` decodes it, waiting for it first if need be.
 
     Example:
         >>> job = app.get(42)
@@ -63,6 +68,7 @@ class Job:
     lease_owner: str | None
     cancel_requested: bool
     lease_expires_at: datetime | None = None
+    result_json: str | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Job:
@@ -88,7 +94,72 @@ class Job:
             lease_owner=values["lease_owner"],
             cancel_requested=bool(values["cancel_requested"]),
             lease_expires_at=aware(values["lease_expires_at"]),
+            result_json=values.get("result"),
         )
+
+    def result(self, timeout: float | None = None) -> Any:
+        """What the job's task returned, waiting until the job finished.
+
+        A job that finished when this value was read answers at once; else one waiter shared by the App
+        looks for it (with every other pending wait, in one query per round).
+
+        Args:
+            timeout: The longest wait in seconds; None waits as long as it takes.
+
+        Returns:
+            The decoded JSON the task returned (None if it returned None).
+
+        Raises:
+            JobFailed: The job died or was cancelled; the error carries its stored error.
+            ResultTimeout: It had not finished in time; the job is left alone.
+            JobNotFound: The job is gone (it was purged).
+
+        Example:
+            >>> add.enqueue({"a": 1, "b": 2}).result(timeout=10)
+            3
+        """
+        finished = self._finished()
+        if finished is None:
+            finished = self._waiter().wait(self.id, timeout)
+        return finished.value()
+
+    async def aresult(self, timeout: float | None = None) -> Any:
+        """What the job's task returned, awaited on the running loop; as :meth:`result`.
+
+        Args:
+            timeout: The longest wait in seconds; None waits as long as it takes.
+
+        Returns:
+            The decoded JSON the task returned (None if it returned None).
+
+        Raises:
+            JobFailed: The job died or was cancelled; the error carries its stored error.
+            ResultTimeout: It had not finished in time; the job is left alone.
+            JobNotFound: The job is gone (it was purged).
+        """
+        finished = self._finished()
+        if finished is None:
+            finished = await self._waiter().await_finished(self.id, timeout)
+        return finished.value()
+
+    def _finished(self) -> Finished | None:
+        if self.status in FINISHED:
+            return Finished(self.id, self.status, self.result_json, self.last_error)
+        return None
+
+    def _waiter(self) -> ResultWaiter:
+        waiter: ResultWaiter | None = getattr(self, "_results", None)
+        if waiter is None:
+            raise InvalidArgument(
+                f"this Job value of job {self.id} was not given by an App; wait with app.get({self.id}).result()"
+            )
+        return waiter
+
+    def waited_by(self, waiter: ResultWaiter) -> Job:
+        """This job, its :meth:`result` served by ``waiter`` (the App does this for the jobs it returns)."""
+        # Not a field: the waiter is how to wait, not part of the job (equality, asdict and repr ignore it).
+        object.__setattr__(self, "_results", waiter)
+        return self
 
 
 class JobContext:
@@ -101,6 +172,10 @@ class JobContext:
         self.attempt = attempt
         self.args = args
         self.stop_reason: str | None = None
+        #: The results of the jobs this one waited for (``after=``, a chain's previous step, a group's
+        #: members), in the order they were given; None for one that returned None, or did not succeed
+        #: (with ``on_parent_failure="run"``). Empty for a job that waited for none.
+        self.parent_results: list[Any] = []
         # Made on first wait(): most jobs never wait, and an Event costs more than a no-op job.
         self._event: threading.Event | None = None
 

@@ -41,7 +41,9 @@ class Enqueueing(AppBase):
                 caller commits, and not at all if the caller rolls back.
             **options: ``queue``, ``priority``, ``run_at`` (an aware datetime) or ``delay`` (seconds or a
                 timedelta), ``max_attempts``, ``dedupe_key`` (a live job with the key is returned instead
-                of a new one), ``ordering_key``, ``tag``.
+                of a new one), ``ordering_key``, ``tag``, ``after`` (jobs or ids: the job waits, in
+                state ``waiting``, until they all succeeded) and ``on_parent_failure`` (``"cancel"``, the
+                default: cancelled when one of them dies or is cancelled; ``"run"``: runs anyway).
 
         Returns:
             The job as stored.
@@ -86,13 +88,14 @@ class Enqueueing(AppBase):
             conn is None
             and len(new) == 1
             and new[0].values["dedupe_key"] is None
+            and not new[0].parents
             and self.store.backend.atomic_statements
         ):
             # One INSERT is atomic on its own: in autocommit it is one round trip instead of three (BEGIN,
             # INSERT, COMMIT), and the notification that follows it finds the job committed.
             with self._tables(), self.engine.connect() as connection:
                 autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
-                return insert_jobs(autocommit, new, self._channel())
+                return self._waited(insert_jobs(autocommit, new, self._channel()))
         return self._write(conn, lambda connection: insert_jobs(connection, new, self._channel()))
 
     async def aenqueue(
@@ -161,12 +164,12 @@ class Enqueueing(AppBase):
         except TypeError as exc:
             raise InvalidArgument(
                 f"{exc}; enqueue options are queue, priority, run_at, delay, max_attempts, dedupe_key, "
-                "ordering_key, tag and conn"
+                "ordering_key, tag, after, on_parent_failure and conn"
             ) from exc
 
     def _write(self, conn: Any, work: Callable[[Connection], list[Job]]) -> list[Job]:
         with self._tables():
-            return self._write_on(conn, work)
+            return self._waited(self._write_on(conn, work))
 
     def _write_on(self, conn: Any, work: Callable[[Connection], list[Job]]) -> list[Job]:
         if conn is None:

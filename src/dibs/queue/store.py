@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -25,6 +25,7 @@ from dibs.dialects import backend_for
 from dibs.dialects.base import from_now, inline
 from dibs.engine import connected
 from dibs.lease import Claimer, Lease, Leases
+from dibs.queue.dependencies import parent_results, settle_children, unsettled_parents
 from dibs.schema import (
     DEAD,
     FINISHED,
@@ -89,11 +90,15 @@ CLAIMED = (
     jobs.c.max_attempts,
     jobs.c.priority,
     jobs.c.run_at,
+    jobs.c.has_children,
+    jobs.c.on_parent_failure,
 )
 #: Where the worker finds what it reads in a claimed job's row (by position: a row's mapping costs more
 #: than the rest of a no-op job's bookkeeping).
 _CLAIMED_NAMES = [column.name for column in CLAIMED]
-ID_AT, TASK_AT, ARGS_AT, ATTEMPTS_AT = (_CLAIMED_NAMES.index(name) for name in ("id", "task", "args", "attempts"))
+ID_AT, TASK_AT, ARGS_AT, ATTEMPTS_AT, HAS_CHILDREN_AT, HAS_PARENTS_AT = (
+    _CLAIMED_NAMES.index(name) for name in ("id", "task", "args", "attempts", "has_children", "on_parent_failure")
+)
 
 
 class WorkLeft(NamedTuple):
@@ -167,6 +172,12 @@ class JobStore:
     def succeed(self, conn: Engine | Connection, claimed: Sequence[Lease]) -> list[Lease]:
         """Mark jobs succeeded; returns the leases that were lost (those writes changed nothing)."""
         return leases.complete_many(conn, claimed, status=SUCCEEDED, set={jobs.c.dedupe_key: None})
+
+    def succeed_with_result(self, conn: Engine | Connection, lease: Lease, result: str) -> bool:
+        """Mark a job succeeded with the JSON of its result, in one fenced write; False if the lease was lost."""
+        done = {jobs.c.dedupe_key: None, jobs.c.result: result}
+        lost = leases.complete_many(conn, [lease], status=SUCCEEDED, set=done)
+        return not lost
 
     def retry(self, conn: Engine | Connection, lease: Lease, delay: timedelta, error: str) -> bool:
         """Schedule the job again ``delay`` from now on the database clock; False if the lease was lost."""
@@ -259,6 +270,27 @@ class JobStore:
             order_by=[jobs.c.run_at],
         )
         return len(rows)
+
+    def settle_children(self, conn: Engine | Connection, parents: Sequence[int]) -> None:
+        """Queue or cancel the waiting children of these finished jobs, in one transaction of its own."""
+        if not parents:
+            return
+        with connected(conn) as connection, self.backend.transaction(connection):
+            settle_children(connection, parents)
+
+    def parent_results(self, conn: Engine | Connection, child: int) -> list[Any]:
+        """The results of the jobs ``child`` waited for, in the order given to ``after=``."""
+        with connected(conn) as connection:
+            return parent_results(connection, child)
+
+    def settle_unsettled(self, conn: Engine | Connection, limit: int = UPKEEP_BATCH) -> int:
+        """Settle the children of finished jobs still flagged as having some; returns how many parents."""
+        with connected(conn) as connection:
+            parents = unsettled_parents(connection, limit)
+            if connection.in_transaction():
+                connection.commit()
+        self.settle_children(conn, parents)
+        return len(parents)
 
     def recover_expired(self, conn: Engine | Connection) -> tuple[int, int]:
         """Jobs whose worker lost its lease (it crashed, or hung past it) are queued again, or dead after

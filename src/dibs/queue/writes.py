@@ -15,8 +15,9 @@ from dibs._errors import InvalidArgument
 from dibs.lease import Lease
 from dibs.metrics import Metrics
 from dibs.queue.outcome import Outcome, failed_outcome
+from dibs.queue.results import encoded_result
 from dibs.queue.stage import Shared
-from dibs.queue.store import error_text
+from dibs.queue.store import HAS_CHILDREN_AT, error_text
 from dibs.queue.task import Task
 from dibs.runtime import BatchWriter
 from dibs.schema import CANCELLED
@@ -40,6 +41,9 @@ class JobWrites:
         #: Prometheus metrics, when the worker serves them.
         self.metrics: Metrics | None = None
         self.successes: BatchWriter[Lease] = BatchWriter(self.write_successes, failed=self._not_written)
+        #: Outcomes being written one by one now (with the jobs waiting for them settled): a burst worker
+        #: does not end while one may still queue a job.
+        self.recording = 0
 
     # -- successes ---------------------------------------------------------------------------------------
 
@@ -56,6 +60,8 @@ class JobWrites:
             raise
         self.stats.succeeded += len(done) - len(lost)
         self.stats.lost += len(lost)
+        if any(lease.row[HAS_CHILDREN_AT] for lease in done):
+            await self._settle([lease for lease in done if lease not in lost])
         if self.metrics is not None:
             # By key and token: after an outage a batch may hold a job's stale lease and its newer one.
             lost_leases = {(lease.key, lease.token) for lease in lost}
@@ -70,6 +76,58 @@ class JobWrites:
             )
         self.shared.wakeup.wake()
 
+    async def succeeded_with(self, lease: Lease, task: Task, returned: object) -> None:
+        """Record a success whose task returned a value: the result and the completion in one fenced write.
+        A result that is not JSON, or too large, makes the job dead with that error, and nothing else stored."""
+        self.recording += 1
+        try:
+            await self._succeeded_with(lease, task, returned)
+        finally:
+            self.recording -= 1
+
+    async def _succeeded_with(self, lease: Lease, task: Task, returned: object) -> None:
+        try:
+            text = encoded_result(returned)
+        except InvalidArgument as problem:
+            self.keeper.held.pop(lease.key, None)
+            if not await self.threads.call(self.store.bury, self.engine, lease, error_text(problem, "")):
+                self.stats.lost += 1
+                return
+            self.stats.dead += 1
+            if self.metrics is not None:
+                self.metrics.finished(task.name, "dead")
+            log.warning("job %s (%s) dead, its result cannot be kept: %s", lease.key[0], task.name, problem)
+            await self._settle([lease])
+            return
+        self.keeper.held.pop(lease.key, None)
+        try:
+            kept = await self.threads.call(self.store.succeed_with_result, self.engine, lease, text)
+        except Exception:
+            self.keeper.hold([lease])
+            raise
+        if not kept:
+            self.stats.lost += 1
+            log.warning("job %s finished, but its lease had been taken over: its result was not kept", lease.key[0])
+            return
+        self.stats.succeeded += 1
+        if self.metrics is not None:
+            self.metrics.finished(task.name, "succeeded")
+        await self._settle([lease])
+        self.shared.wakeup.wake()
+
+    async def _settle(self, finished: list[Lease]) -> None:
+        """Queue or cancel the jobs waiting for these finished ones, if they had any when claimed (upkeep
+        settles the rest: jobs that gained a child while they ran, or whose worker died in between)."""
+        parents = [lease.key[0] for lease in finished if lease.row[HAS_CHILDREN_AT]]
+        if parents:
+            try:
+                await self.threads.call(self.store.settle_children, self.engine, parents)
+            except Exception as error:
+                log.warning(
+                    "could not queue the jobs waiting for %d finished jobs; upkeep will: %s", len(parents), error
+                )
+            self.shared.wakeup.wake()
+
     def _not_written(self, error: Exception, done: list[Lease]) -> None:
         if not self.shared.missing.report(error):
             log.warning("recording %d successes failed, will try again: %s", len(done), error)
@@ -78,6 +136,13 @@ class JobWrites:
 
     async def failed(self, lease: Lease, task: Task, reason: str | None, error: BaseException, formatted: str) -> None:
         """Record a run that raised or was stopped (``reason``: why the worker stopped it, if it did)."""
+        self.recording += 1
+        try:
+            await self._failed(lease, task, reason, error, formatted)
+        finally:
+            self.recording -= 1
+
+    async def _failed(self, lease: Lease, task: Task, reason: str | None, error: BaseException, formatted: str) -> None:
         self.keeper.held.pop(lease.key, None)
         if reason not in ("lease lost", "cancelled"):
             requested = await self.threads.call(self.store.cancel_requests, self.engine, [lease.key[0]])
@@ -90,6 +155,8 @@ class JobWrites:
             self.stats.lost += 1
             return
         setattr(self.stats, outcome.value, getattr(self.stats, outcome.value) + 1)
+        if outcome in (Outcome.DEAD, Outcome.CANCELLED):
+            await self._settle([lease])
         if self.metrics is not None:
             self.metrics.finished(task.name, outcome.value)
         log.log(
@@ -125,6 +192,7 @@ class JobWrites:
         if self.metrics is not None:
             self.metrics.finished(task.name, "dead")
         log.warning("job %s (%s) dead, it cannot run: %s", lease.key[0], task.name, error)
+        await self._settle([lease])
 
     # -- giving back -------------------------------------------------------------------------------------
 

@@ -13,12 +13,14 @@ from dibs.dialects import backend_for
 from dibs.engine import connected
 from dibs.schema.recorder import Recorder
 from dibs.schema.tables import (
+    JOB_PARENTS,
     JOBS,
     OUTBOX,
     PERIODIC,
     QUEUES,
     SCHEMA,
     WORKERS,
+    job_parents,
     jobs,
     outbox,
     periodic,
@@ -65,6 +67,32 @@ def _create_queues(conn: Connection) -> None:
     queues.create(conn, checkfirst=True)
 
 
+def _add_job_columns(conn: Connection, *names: str) -> list[str]:
+    """Add these columns of ``dibs_jobs`` in place (the jobs stay), those it lacks; returns those added. A
+    jobs table created (again) by step 1 has them all."""
+    present = {column["name"] for column in sa.inspect(conn).get_columns(JOBS)}
+    added = []
+    for name in names:
+        if name not in present:
+            column = sa.schema.CreateColumn(jobs.c[name]).compile(dialect=conn.dialect)
+            conn.execute(sa.text(f"ALTER TABLE {JOBS} ADD COLUMN {column}"))
+            added.append(name)
+    return added
+
+
+def _job_results(conn: Connection) -> None:
+    _add_job_columns(conn, "result")
+
+
+def _job_dependencies(conn: Connection) -> None:
+    if _add_job_columns(conn, "has_children", "on_parent_failure", "parents_left"):
+        partial = backend_for(conn.dialect).partial_indexes
+        for index in jobs.indexes:
+            if index.name == ("dibs_jobs_children" if partial else "dibs_jobs_children_full"):
+                index.create(conn, checkfirst=True)
+    job_parents.create(conn, checkfirst=True)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, description="the jobs table", apply=_create_jobs, creates=JOBS),
     Migration(version=2, description="the outbox table", apply=_create_outbox, creates=OUTBOX),
@@ -77,6 +105,13 @@ MIGRATIONS: tuple[Migration, ...] = (
     ),
     # Pausing queues: its own step, renumbered after any step merged before it.
     Migration(version=5, description="the queues table: paused queues", apply=_create_queues, creates=QUEUES),
+    Migration(version=6, description="job results: the result column of dibs_jobs", apply=_job_results),
+    Migration(
+        version=7,
+        description="jobs that wait for other jobs: the waiting state's columns and dibs_job_parents",
+        apply=_job_dependencies,
+        creates=JOB_PARENTS,
+    ),
 )
 #: The schema version this dibs needs.
 LATEST = max(step.version for step in MIGRATIONS)

@@ -6,9 +6,14 @@ from __future__ import annotations
 #: the claim's index holds runnable jobs only.
 SCHEDULED, QUEUED, RUNNING = "scheduled", "queued", "running"
 SUCCEEDED, DEAD, CANCELLED = "succeeded", "dead", "cancelled"
+#: A job enqueued ``after=`` other jobs waits in this state until they finished.
+WAITING = "waiting"
 LIVE = (SCHEDULED, QUEUED, RUNNING)
 FINISHED = (SUCCEEDED, DEAD, CANCELLED)
-STATES = (*LIVE, *FINISHED)
+STATES = (WAITING, *LIVE, *FINISHED)
+#: What a job enqueued ``after=`` others does when one of them dies or is cancelled: it is cancelled too,
+#: or it runs anyway.
+CANCEL_ON_PARENT_FAILURE, RUN_ON_PARENT_FAILURE = "cancel", "run"
 
 #: Outbox event states. A ``failed`` event waits for its next attempt and is moved back to ``pending``
 #: when that time comes; after its last retry it is ``abandoned``, with the error kept.

@@ -36,6 +36,7 @@ from dibs.schema.states import DEFAULT_TARGET, PENDING
 from dibs.schema.types import LongText, Timestamp
 
 JOBS = "dibs_jobs"
+JOB_PARENTS = "dibs_job_parents"
 OUTBOX = "dibs_outbox"
 PERIODIC = "dibs_periodic"
 WORKERS = "dibs_workers"
@@ -68,6 +69,15 @@ jobs = sa.Table(
     sa.Column("started_at", Timestamp, nullable=True),
     sa.Column("finished_at", Timestamp, nullable=True),
     sa.Column("last_error", LongText, nullable=True),
+    # The JSON of what the task returned, when it succeeded and returned something other than None.
+    sa.Column("result", LongText, nullable=True),
+    # True while jobs enqueued after this one wait for it to finish: once it did, they are settled (queued,
+    # or cancelled) and the flag cleared. Upkeep reads the finished jobs that still have it (a few).
+    sa.Column("has_children", sa.Boolean, nullable=False, server_default=sa.false()),
+    # For a job enqueued after others: "cancel" (the default) or "run" when a parent dies or is cancelled,
+    # and how many of its parents have not finished yet (it is queued when none is left).
+    sa.Column("on_parent_failure", Name(16), nullable=True),
+    sa.Column("parents_left", sa.Integer, nullable=True),
 )
 
 
@@ -127,6 +137,22 @@ _partial(
     "status IN ('succeeded', 'dead', 'cancelled')",
     [],
 )
+
+# Finished jobs whose waiting children are not settled yet (upkeep's backstop reads these only).
+_partial("dibs_jobs_children", [jobs.c.id], "has_children", [jobs.c.has_children])
+
+# Which jobs a job waits for, in the order given to enqueue(after=...).
+job_parents = sa.Table(
+    JOB_PARENTS,
+    metadata,
+    sa.Column("child_id", sa.BigInteger, primary_key=True, autoincrement=False),
+    sa.Column("position", sa.Integer, primary_key=True, autoincrement=False),
+    sa.Column("parent_id", sa.BigInteger, nullable=False),
+    # Whether the child has counted this parent's finish: counting is done once per edge, however many
+    # times the parent's children are settled.
+    sa.Column("settled", sa.Boolean, nullable=False, server_default=sa.false()),
+)
+sa.Index("dibs_job_parents_parent", job_parents.c.parent_id)
 
 outbox = sa.Table(
     OUTBOX,

@@ -1,0 +1,169 @@
+"""Jobs that wait for other jobs: after=, chains and groups, on every backend."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+
+import dibs
+from dibs import Step
+from tests.helpers import wait_until
+from tests.queue.database import QueueDatabase
+from tests.queue.support import job_count
+
+
+def recording_app(qdb: QueueDatabase) -> tuple[dibs.App, list[tuple[str, Any, list[Any]]]]:
+    """An app whose tasks record, in order, what ran with which argument and parent results."""
+    app = qdb.app()
+    ran: list[tuple[str, Any, list[Any]]] = []
+
+    @app.task(name="flow.step")
+    def step(n: int, context: dibs.JobContext) -> int:
+        ran.append(("step", n, list(context.parent_results)))
+        return n * 10 + sum(result or 0 for result in context.parent_results)
+
+    @app.task(name="flow.fail", max_attempts=1)
+    def fail() -> int:
+        ran.append(("fail", None, []))
+        raise RuntimeError("step failed")
+
+    return app, ran
+
+
+def test_a_job_waits_for_its_parents_and_reads_their_results(qdb: QueueDatabase) -> None:
+    app, ran = recording_app(qdb)
+    first = app.enqueue("flow.step", {"n": 1}, delay=0.3)
+    second = app.enqueue("flow.step", {"n": 2})
+    child = app.enqueue("flow.step", {"n": 3}, after=[first, second.id])
+    assert child.status == "waiting"
+    qdb.drain(app)
+    assert ran[-1] == ("step", 3, [10, 20])
+    assert [name_n[1] for name_n in ran].index(3) == 2  # after both parents
+    assert child.result(timeout=5) == 60
+
+
+def test_a_chain_runs_its_steps_in_order_passing_results(qdb: QueueDatabase) -> None:
+    app, ran = recording_app(qdb)
+    made = app.chain(Step("flow.step", {"n": 1}), Step("flow.step", {"n": 2}), Step("flow.step", {"n": 3}))
+    assert [job.status for job in made] == ["queued", "waiting", "waiting"]
+    qdb.drain(app, concurrency=4)
+    assert ran == [("step", 1, []), ("step", 2, [10]), ("step", 3, [30])]
+    assert made[-1].result(timeout=5) == 60
+
+
+def test_a_group_callback_runs_once_all_members_succeeded(qdb: QueueDatabase) -> None:
+    app, ran = recording_app(qdb)
+    made = app.group([Step("flow.step", {"n": n}) for n in range(1, 6)], then=Step("flow.step", {"n": 0}))
+    qdb.drain(app, concurrency=4)
+    assert ran[-1] == ("step", 0, [10, 20, 30, 40, 50])
+    assert len(ran) == 6
+    assert made[-1].result(timeout=5) == 150
+
+
+def test_a_failed_parent_cancels_its_descendants_unless_they_run_anyway(qdb: QueueDatabase) -> None:
+    app, ran = recording_app(qdb)
+    failing = app.chain(Step("flow.fail"), Step("flow.step", {"n": 1}), Step("flow.step", {"n": 2}))
+    anyway = app.enqueue("flow.step", {"n": 7}, after=[failing[0]], on_parent_failure="run")
+    qdb.drain(app)
+    assert ("step", 1, []) not in ran
+    assert ("step", 7, [None]) in ran
+    for job in failing[1:]:
+        stored = app.get(job.id)
+        assert stored.status == "cancelled"
+        assert "did not succeed; cancelled without running" in (stored.last_error or "")
+    with pytest.raises(dibs.JobFailed, match="is cancelled"):
+        failing[-1].result(timeout=5)
+    assert anyway.result(timeout=5) == 70
+
+
+def test_cancelling_a_waiting_parent_cancels_its_children(qdb: QueueDatabase) -> None:
+    app, _ = recording_app(qdb)
+    parent = app.enqueue("flow.step", {"n": 1}, delay=3600)
+    child = app.enqueue("flow.step", {"n": 2}, after=[parent])
+    app.cancel(parent.id)
+    assert app.get(child.id).status == "cancelled"
+
+
+def test_a_job_after_finished_parents_is_queued_at_once(qdb: QueueDatabase) -> None:
+    app, ran = recording_app(qdb)
+    parent = app.enqueue("flow.step", {"n": 1})
+    qdb.drain(app)
+    child = app.enqueue("flow.step", {"n": 2}, after=[parent])
+    assert child.status == "queued"
+    qdb.drain(app)
+    assert ran[-1] == ("step", 2, [10])
+
+
+def test_a_child_enqueued_while_its_parent_runs_is_settled_by_upkeep(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+    gate, started = threading.Event(), threading.Event()
+    done: list[int] = []
+
+    @app.task(name="flow.slow")
+    def slow(n: int) -> int:
+        started.set()
+        gate.wait(10)
+        done.append(n)
+        return n
+
+    parent = slow.enqueue({"n": 1})
+    worker = qdb.start(app)
+    try:
+        assert started.wait(10)
+        child = slow.enqueue({"n": 2}, after=[parent])
+        gate.set()
+        wait_until(lambda: app.get(child.id).status == "succeeded", what="the child, settled by upkeep")
+        assert done == [1, 2]
+    finally:
+        gate.set()
+        worker.stop()
+
+
+def test_a_workflow_is_enqueued_all_or_nothing(qdb: QueueDatabase) -> None:
+    app, _ = recording_app(qdb)
+    with pytest.raises(dibs.InvalidArgument):
+        app.chain(Step("flow.step", {"n": 1}), Step("flow.step", {"n": "not json" + chr(0)}), Step("nope"))
+    with pytest.raises(dibs.InvalidArgument, match="after names jobs that do not exist: 999999"):
+        app.enqueue("flow.step", {"n": 1}, after=[999999])
+    with pytest.raises(dibs.InvalidArgument, match="on_parent_failure must be"):
+        app.enqueue("flow.step", {"n": 1}, after=[1], on_parent_failure="maybe")
+    with qdb.engine.connect() as conn:
+        conn.begin()
+        app.group([Step("flow.step", {"n": 1})], then=Step("flow.step", {"n": 2}), conn=conn)
+        conn.rollback()
+    assert job_count(qdb.engine) == 0
+
+
+def test_async_workflows(qdb: QueueDatabase) -> None:
+    app, _ = recording_app(qdb)
+
+    async def main() -> Any:
+        made = await app.achain(Step("flow.step", {"n": 1}), Step("flow.step", {"n": 2}))
+        grouped = await app.agroup([Step("flow.step", {"n": 3})], then=Step("flow.step", {"n": 4}))
+        await qdb.worker(app, burst=True).arun()
+        return await made[-1].aresult(timeout=5), await grouped[-1].aresult(timeout=5)
+
+    assert asyncio.run(main()) == (30, 70)
+
+
+def test_a_fan_in_of_ten_thousand_parents(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+    count = 10_000
+
+    # Only the last parent returns a value: the others' successes are written in batches, as plain jobs'.
+    @app.task(name="flow.leaf")
+    def leaf(n: int) -> int | None:
+        return n if n == count - 1 else None
+
+    @app.task(name="flow.total")
+    def total(context: dibs.JobContext) -> list[Any]:
+        return [len(context.parent_results), context.parent_results[-1]]
+
+    made = app.group([Step(leaf, {"n": n}) for n in range(count)], then=Step(total))
+    assert made[-1].status == "waiting"
+    stats = qdb.drain(app, timeout=600, concurrency=20, batch=200)
+    assert stats.succeeded == count + 1
+    assert made[-1].result(timeout=5) == [count, count - 1]
