@@ -180,8 +180,8 @@ def test_a_version_4_database_gains_the_result_column(empty_db: QueueDatabase) -
             ),
             {"now": datetime.now(timezone.utc).replace(tzinfo=None)},
         )
-    assert [step.version for step in dibs.migrate(engine)] == [5, 6]
-    assert current_version(engine) == 6
+    assert [step.version for step in dibs.migrate(engine)] == [5, 6, 7]
+    assert current_version(engine) == 7
     empty_db.drain(app)
     (kept,) = job_rows(engine)
     assert kept.status == "succeeded"
