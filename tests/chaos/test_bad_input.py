@@ -221,7 +221,7 @@ def test_a_job_of_a_task_no_worker_has_waits_visible_for_one_that_has_it(qdb: Qu
     lines = out.splitlines()
     header = [cell.strip() for cell in next(line for line in lines if "queued" in line).split("┃")]
     default_row = [cell.strip() for cell in next(line for line in lines if "default" in line).split("│")]
-    counts = dict(zip(header, default_row))
+    counts = dict(zip(header, default_row, strict=True))
     assert (counts["scheduled"], counts["queued"]) == ("0", "1"), out
     code, out, err = finish(listed)
     assert code == 0, err

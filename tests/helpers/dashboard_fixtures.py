@@ -17,9 +17,13 @@ from tests.helpers.targets import IN_CI
 CHROMIUM = os.environ.get("DIBS_TEST_CHROMIUM", "/usr/bin/chromium")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium() -> Iterator[Any]:
-    """A headless Chromium; skipped (failing in CI) when Debian's chromium or playwright is missing."""
+    """A headless Chromium; skipped (failing in CI) when Debian's chromium or playwright is missing.
+
+    One per module, not per session: Playwright's sync API keeps an event loop running on the main thread
+    while it is open, and every later test that calls asyncio.run() would fail.
+    """
     missing = None
     if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
         missing = f"no Chromium at {CHROMIUM}: apt-get install chromium (scripts/test installs it)"

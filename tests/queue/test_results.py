@@ -186,3 +186,19 @@ def test_a_version_4_database_gains_the_result_column(empty_db: QueueDatabase) -
     (kept,) = job_rows(engine)
     assert kept.status == "succeeded"
     assert app.get(kept.id).result() == 9
+
+
+def test_a_version_3_database_without_the_later_columns_upgrades_through_every_step(empty_db: QueueDatabase) -> None:
+    """Step 4 (exact names on MySQL/MariaDB) changes only the columns a version 3 table has; later steps add theirs."""
+    engine = empty_db.engine
+    dibs.migrate(engine, MIGRATIONS[:3])
+    with engine.begin() as conn:
+        present = {index["name"] for index in sa.inspect(conn).get_indexes("dibs_jobs")}
+        for index in dibs.schema.jobs.indexes:
+            if index.name in present and str(index.name).startswith("dibs_jobs_children"):
+                index.drop(conn)
+        for name in ("result", "has_children", "on_parent_failure", "parents_left"):
+            conn.execute(sa.text(f"ALTER TABLE dibs_jobs DROP COLUMN {name}"))
+    assert [step.version for step in dibs.migrate(engine)] == [4, 5, 6, 7]
+    columns = {column["name"] for column in sa.inspect(engine).get_columns("dibs_jobs")}
+    assert {"result", "has_children", "on_parent_failure", "parents_left"} <= columns

@@ -133,9 +133,11 @@ class Backend(Protocol):
         """
         ...
 
-    def make_names_exact(self, conn: Connection, table: sa.Table) -> None:
-        """Bring the :class:`Name` columns of ``table``, made by an earlier dibs, to compare byte for byte
-        (nothing where the database's strings always did)."""
+    def make_names_exact(
+        self, conn: Connection, table: sa.Table, columns: Sequence[sa.Column[Any]] | None = None
+    ) -> None:
+        """Bring the :class:`Name` columns of ``table`` (or of ``columns``), made by an earlier dibs, to compare
+        byte for byte (nothing where the database's strings always did)."""
         ...
 
     def notify(self, channel: str) -> sa.Executable | None:
@@ -216,7 +218,9 @@ class BackendDefaults:
         # caller handles (outside a transaction of its own, where that error is harmless).
         return sa.insert(table)
 
-    def make_names_exact(self, conn: Connection, table: sa.Table) -> None:
+    def make_names_exact(
+        self, conn: Connection, table: sa.Table, columns: Sequence[sa.Column[Any]] | None = None
+    ) -> None:
         return None
 
     def notify(self, channel: str) -> sa.Executable | None:

@@ -15,6 +15,7 @@ padding: the servers' default collations fold case and accents, and their ``utf8
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -143,15 +144,23 @@ class MySQL(BackendDefaults):
             sa.literal_column("MICROSECOND"), -sa.func.round(seconds * 1_000_000), sa.func.utc_timestamp(6)
         )
 
-    def make_names_exact(self, conn: Connection, table: sa.Table) -> None:
+    def make_names_exact(
+        self, conn: Connection, table: sa.Table, columns: Sequence[sa.Column[Any]] | None = None
+    ) -> None:
         wanted = exact_collation(conn.dialect)
-        columns = sa.text(
+        collations = sa.text(
             "SELECT column_name, collation_name FROM information_schema.columns "
             "WHERE table_schema = DATABASE() AND table_name = :table"
         )
-        found: dict[str, str | None] = dict(conn.execute(columns, {"table": table.name}).all())
+        found: dict[str, str | None] = dict(conn.execute(collations, {"table": table.name}).all())
+        # A column the table does not have yet is left to the step that adds it; a recording reads no rows
+        # and so changes every column it is given.
         stale = [
-            column for column in table.columns if isinstance(column.type, Name) and found.get(column.name) != wanted
+            column
+            for column in (table.columns if columns is None else columns)
+            if isinstance(column.type, Name)
+            and found.get(column.name) != wanted
+            and (not found or column.name in found)
         ]
         if not stale:
             return

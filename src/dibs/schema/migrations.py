@@ -54,12 +54,19 @@ def _create_periodic(conn: Connection) -> None:
     periodic.create(conn, checkfirst=True)
 
 
+#: Columns of dibs_jobs that steps after 4 add: step 4 leaves them to those steps.
+LATER_JOB_COLUMNS = frozenset({"result", "has_children", "on_parent_failure", "parents_left"})
+
+
 def _exact_names_and_workers(conn: Connection) -> None:
     present = conn.tables if isinstance(conn, Recorder) else set(sa.inspect(conn).get_table_names())
     backend = backend_for(conn.dialect)
+    recording = isinstance(conn, Recorder)
     for table in (jobs, outbox, periodic):
         if table.name in present:
-            backend.make_names_exact(conn, table)
+            # A database is asked which columns it has; a recording is told which ones a version 3 table had.
+            columns = [c for c in table.columns if c.name not in LATER_JOB_COLUMNS] if recording else None
+            backend.make_names_exact(conn, table, columns)
     workers.create(conn, checkfirst=True)
 
 
@@ -70,7 +77,11 @@ def _create_queues(conn: Connection) -> None:
 def _add_job_columns(conn: Connection, *names: str) -> list[str]:
     """Add these columns of ``dibs_jobs`` in place (the jobs stay), those it lacks; returns those added. A
     jobs table created (again) by step 1 has them all."""
-    present = {column["name"] for column in sa.inspect(conn).get_columns(JOBS)}
+    if isinstance(conn, Recorder):
+        # A recording sees the jobs table an older dibs made, or the one step 1 just made with every column.
+        present = set() if JOBS in conn.tables else set(jobs.c.keys())
+    else:
+        present = {column["name"] for column in sa.inspect(conn).get_columns(JOBS)}
     added = []
     for name in names:
         if name not in present:
