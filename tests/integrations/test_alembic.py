@@ -18,7 +18,7 @@ from dibs.schema import LATEST, current_version, metadata
 from dibs.schema.script import migration_sql, migration_statements
 from tests.acceptance.cli import dibs as run_dibs
 from tests.helpers.targets import SYNC_DRIVERS, database_url
-from tests.queue.support import drop_everything
+from tests.queue.support import drop_everything, without_later_job_columns
 
 SERVERS = ["postgresql", "mariadb"]
 
@@ -56,23 +56,12 @@ def test_the_printed_sql_builds_a_schema_that_migrate_sees_as_current(server_url
         engine.dispose()
 
 
-def as_version_3_made_it(engine: sa.Engine) -> None:
-    """Step 1 makes today's jobs table; a dibs of version 3 made it without the columns later steps add."""
-    with engine.begin() as conn:
-        present = {index["name"] for index in sa.inspect(conn).get_indexes("dibs_jobs")}
-        for index in dibs.schema.jobs.indexes:
-            if index.name in present and str(index.name).startswith("dibs_jobs_children"):
-                index.drop(conn)
-        for name in ("result", "has_children", "on_parent_failure", "parents_left"):
-            conn.execute(sa.text(f"ALTER TABLE dibs_jobs DROP COLUMN {name}"))
-
-
 def test_the_sql_of_later_steps_upgrades_a_database_migrated_that_far(server_url: sa.URL) -> None:
     dialect = "postgresql" if server_url.get_backend_name() == "postgresql" else "mariadb"
     engine = sa.create_engine(server_url)
     try:
         dibs.migrate(engine, dibs.schema.MIGRATIONS[:3])
-        as_version_3_made_it(engine)
+        without_later_job_columns(engine)
         apply_by_hand(server_url, migration_sql(dialect, start=3))
         assert current_version(engine) == LATEST
         assert dibs.migrate(engine) == []

@@ -210,3 +210,18 @@ def statistics_taken_now(engine: Engine, table: str) -> None:
             conn.exec_driver_sql(f"ANALYZE {table}")
         else:
             conn.exec_driver_sql(f"ANALYZE {table}")
+
+
+#: The columns of dibs_jobs that schema steps 6 and 7 (results, dependencies) add.
+LATER_JOB_COLUMNS = ("result", "has_children", "on_parent_failure", "parents_left")
+
+
+def without_later_job_columns(engine: Engine) -> None:
+    """Step 1 makes today's jobs table; drop what later steps add, as an older dibs left the table."""
+    with engine.begin() as conn:
+        present = {index["name"] for index in sa.inspect(conn).get_indexes("dibs_jobs")}
+        for index in jobs.indexes:
+            if index.name in present and str(index.name).startswith("dibs_jobs_children"):
+                index.drop(conn)
+        for name in LATER_JOB_COLUMNS:
+            conn.execute(sa.text(f"ALTER TABLE dibs_jobs DROP COLUMN {name}"))

@@ -15,7 +15,7 @@ import dibs
 from dibs.queue.results import MAX_RESULT_BYTES
 from dibs.schema import MIGRATIONS, current_version
 from tests.queue.database import QueueDatabase
-from tests.queue.support import job_rows
+from tests.queue.support import job_rows, without_later_job_columns
 
 
 def test_a_returned_value_is_kept_and_read_back(qdb: QueueDatabase) -> None:
@@ -156,13 +156,7 @@ def test_a_version_4_database_gains_the_result_column(empty_db: QueueDatabase) -
     """A database made before results: its jobs stay, and their results are kept once upgraded."""
     engine = empty_db.engine
     dibs.migrate(engine, MIGRATIONS[:4])
-    with engine.begin() as conn:
-        present = {index["name"] for index in sa.inspect(conn).get_indexes("dibs_jobs")}
-        for index in dibs.schema.jobs.indexes:
-            if index.name in present and str(index.name).startswith("dibs_jobs_children"):
-                index.drop(conn)
-        for name in ("result", "has_children", "on_parent_failure", "parents_left"):
-            conn.execute(sa.text(f"ALTER TABLE dibs_jobs DROP COLUMN {name}"))
+    without_later_job_columns(engine)
     assert "result" not in {column["name"] for column in sa.inspect(engine).get_columns("dibs_jobs")}
     app = empty_db.app()
 
@@ -192,13 +186,7 @@ def test_a_version_3_database_without_the_later_columns_upgrades_through_every_s
     """Step 4 (exact names on MySQL/MariaDB) changes only the columns a version 3 table has; later steps add theirs."""
     engine = empty_db.engine
     dibs.migrate(engine, MIGRATIONS[:3])
-    with engine.begin() as conn:
-        present = {index["name"] for index in sa.inspect(conn).get_indexes("dibs_jobs")}
-        for index in dibs.schema.jobs.indexes:
-            if index.name in present and str(index.name).startswith("dibs_jobs_children"):
-                index.drop(conn)
-        for name in ("result", "has_children", "on_parent_failure", "parents_left"):
-            conn.execute(sa.text(f"ALTER TABLE dibs_jobs DROP COLUMN {name}"))
+    without_later_job_columns(engine)
     assert [step.version for step in dibs.migrate(engine)] == [4, 5, 6, 7]
     columns = {column["name"] for column in sa.inspect(engine).get_columns("dibs_jobs")}
     assert {"result", "has_children", "on_parent_failure", "parents_left"} <= columns
