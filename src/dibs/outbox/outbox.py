@@ -68,15 +68,28 @@ class OutboxStatus:
 
 
 class Outbox(DibsDatabase):
-    """The outbox table of one database (an Engine, a URL, or by default ``$DIBS_DATABASE_URL`` or the SQLite
-    file ``dibs.sqlite``).
+    """The outbox table of one database: events written in the caller's transaction, published by relays.
 
-    ``on_failed_head``: ``block`` (the default) holds an aggregate's later events while its oldest one
-    fails and retries, and after it is abandoned until it is requeued; ``skip`` lets them go ahead.
-    ``max_retries``: how many times a failed publish of one event is retried before the event is abandoned,
-    its last error kept: an event is published at most ``max_retries + 1`` times (``0``: abandoned at its
-    first failure). ``retry``: the backoff between the tries, and which errors are retried at all.
-    ``notify``: wake PostgreSQL relays when events are added.
+    Args:
+        db: An Engine, a URL, or by default ``$DIBS_DATABASE_URL`` or the SQLite file ``dibs.sqlite``.
+        on_failed_head: ``block`` (the default) holds an aggregate's later events while its oldest one fails
+            and retries, and after it is abandoned until it is requeued; ``skip`` lets them go ahead.
+        max_retries: How many times a failed publish of one event is retried before the event is abandoned,
+            its last error kept: an event is published at most ``max_retries + 1`` times (``0``: abandoned
+            at its first failure).
+        retry: The backoff between the tries, and which errors are retried at all.
+        max_payload_bytes: The most bytes of JSON one event's payload may take.
+        notify: Wake PostgreSQL relays when events are added.
+
+    Raises:
+        InvalidArgument: An option out of range, or a URL that can never work (see :class:`dibs.App`).
+
+    Example:
+        >>> outbox = dibs.Outbox("sqlite:///shop.sqlite")
+        >>> outbox.init()
+        >>> with outbox.engine.begin() as conn:
+        ...     outbox.add(conn, "order", 42, "order.placed", {"total": 99})
+        >>> outbox.relay("stdout://", burst=True).run()
     """
 
     def __init__(

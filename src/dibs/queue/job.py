@@ -164,7 +164,16 @@ class Job:
 
 class JobContext:
     """Given to a task function that has a ``context`` parameter: which job this is, and whether it
-    should stop (it was cancelled, timed out, or the worker is shutting down past its grace period)."""
+    should stop (it was cancelled, timed out, or the worker is shutting down past its grace period).
+
+    Example:
+        >>> @app.task
+        ... def export(report: str, context: dibs.JobContext) -> None:
+        ...     for chunk in chunks(report):
+        ...         if context.should_stop:
+        ...             return  # cancelled or shutting down: stop between chunks
+        ...         write(chunk)
+    """
 
     def __init__(self, job_id: int, task: str, attempt: int, args: dict[str, Any]) -> None:
         self.job_id = job_id
