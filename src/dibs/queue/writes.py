@@ -60,8 +60,7 @@ class JobWrites:
             raise
         self.stats.succeeded += len(done) - len(lost)
         self.stats.lost += len(lost)
-        if any(lease.row[HAS_CHILDREN_AT] for lease in done):
-            await self._settle([lease for lease in done if lease not in lost])
+        await self._settle(done, lost)
         if self.metrics is not None:
             # By key and token: after an outage a batch may hold a job's stale lease and its newer one.
             lost_leases = {(lease.key, lease.token) for lease in lost}
@@ -115,10 +114,11 @@ class JobWrites:
         await self._settle([lease])
         self.shared.wakeup.wake()
 
-    async def _settle(self, finished: list[Lease]) -> None:
-        """Queue or cancel the jobs waiting for these finished ones, if they had any when claimed (upkeep
-        settles the rest: jobs that gained a child while they ran, or whose worker died in between)."""
-        parents = [lease.key[0] for lease in finished if lease.row[HAS_CHILDREN_AT]]
+    async def _settle(self, finished: list[Lease], lost: Sequence[Lease] = ()) -> None:
+        """Queue or cancel the jobs waiting for these finished ones (but the ``lost``), if they had any when
+        claimed (upkeep settles the rest: jobs that gained a child while they ran, or whose worker died in
+        between). One pass over the batch; the lost are looked at only for a job that had children."""
+        parents = [lease.key[0] for lease in finished if lease.row[HAS_CHILDREN_AT] and lease not in lost]
         if parents:
             try:
                 await self.threads.call(self.store.settle_children, self.engine, parents)
