@@ -74,7 +74,7 @@ def new_job(
     on_parent_failure: str | None = None,
 ) -> NewJob:
     """Check every option of one job; InvalidArgument saying what to change for the first bad one."""
-    arguments = {} if args is None else args
+    arguments = task.dumped(_checked_arguments(task, {} if args is None else args))
     encoded = _encoded(task, arguments, max_args_bytes)
     chosen_queue = task.queue if queue is None else checked_name(queue, "queue")
     if chosen_queue not in known_queues:
@@ -142,12 +142,17 @@ def _parent_failure(policy: str | None, parents: tuple[int, ...], dedupe_key: st
     return chosen
 
 
-def _encoded(task: Task, arguments: Any, max_args_bytes: int) -> str:
-    """A job's arguments as JSON text, within the size limit."""
+def _checked_arguments(task: Task, arguments: Any) -> Mapping[str, Any]:
+    """A job's arguments, if they are a dict of argument names."""
     if not isinstance(arguments, Mapping) or not all(isinstance(name, str) for name in arguments):
         raise InvalidArgument(
             f"the arguments of a {task.name!r} job must be a dict of argument names to values, got {arguments!r}"
         )
+    return arguments
+
+
+def _encoded(task: Task, arguments: Mapping[str, Any], max_args_bytes: int) -> str:
+    """A job's arguments as JSON text, within the size limit."""
     try:
         encoded = json.dumps(arguments, allow_nan=False, separators=(",", ":"))
     except (TypeError, ValueError) as exc:

@@ -21,6 +21,7 @@ from dibs.queue.fetch import ClaimedJobs
 from dibs.queue.job import JobContext
 from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, HAS_PARENTS_AT, ID_AT, TASK_AT
 from dibs.queue.task import Task
+from dibs.queue.typed_arguments import Mismatch
 from dibs.queue.writes import JobWrites
 
 log = logging.getLogger("dibs.worker")
@@ -142,6 +143,14 @@ class Runners:
             await self.writes.reject(lease, task, f"the arguments stored for job {job_id} ({task.name}) {args}")
             return
         context = JobContext(job_id, task.name, row[ATTEMPTS_AT], args)
+        if task.typed:
+            try:
+                args = task.loaded(args)
+            except Mismatch as exc:  # the task's annotations changed since the job was enqueued
+                await self.writes.reject(
+                    lease, task, f"the arguments of job {job_id} do not fit task {task.name!r}: {exc}"
+                )
+                return
         if row[HAS_PARENTS_AT] is not None:  # it waited for other jobs: their results, read once
             writes = self.writes
             context.parent_results = await writes.threads.call(writes.store.parent_results, writes.engine, job_id)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from dibs._checks import checked_attempts, checked_name, checked_priority, checked_seconds
 from dibs._errors import InvalidArgument
+from dibs.queue.typed_arguments import Mismatch, Shape, label, typed_parameters
 from dibs.retry import DEFAULT_RETRY, Retry
 
 if TYPE_CHECKING:
@@ -38,7 +39,8 @@ class Task:
     Attributes:
         app: The app the task is registered with.
         function: The sync or async function a job runs, called with the job's arguments as keywords
-            (and ``context``, a :class:`~dibs.JobContext`, if it takes one).
+            (and ``context``, a :class:`~dibs.JobContext`, if it takes one). Parameters annotated with
+            dataclasses or pydantic models are checked and stored as JSON at enqueue, and rebuilt in the worker.
         name: The registered name, which jobs store.
         queue: The queue its jobs go to unless enqueued with another.
         priority: Higher runs first within a queue (-1,000,000 to 1,000,000).
@@ -68,6 +70,8 @@ class Task:
     is_async: bool = field(init=False)
     wants_context: bool = field(init=False)
     signature: inspect.Signature = field(init=False, repr=False, compare=False)
+    #: The parameters annotated with dataclasses or pydantic models, converted at enqueue and in the worker.
+    typed: Mapping[str, Shape] = field(init=False, repr=False, compare=False)
     #: misfit() by the argument names a job has: binding reads the names only, and a bulk enqueue has
     #: thousands of jobs with the same names.
     _misfits: dict[frozenset[str], str | None] = field(init=False, repr=False, compare=False, default_factory=dict)
@@ -90,6 +94,10 @@ class Task:
         object.__setattr__(self, "is_async", inspect.iscoroutinefunction(self.function))
         object.__setattr__(self, "signature", inspect.signature(self.function))
         object.__setattr__(self, "wants_context", "context" in self.signature.parameters)
+        try:
+            object.__setattr__(self, "typed", typed_parameters(self.function, self.signature))
+        except TypeError as exc:
+            raise InvalidArgument(f"task {self.name!r} has a parameter dibs cannot convert: {exc}") from exc
 
     @property
     def parameters(self) -> str:
@@ -134,6 +142,54 @@ class Task:
         if len(self._misfits) < 1000:
             self._misfits[names] = why
         return why
+
+    def dumped(self, args: Mapping[str, Any]) -> Mapping[str, Any]:
+        """A job's arguments with the typed ones checked and in their JSON form.
+
+        Args:
+            args: The job's arguments; a typed one may be an instance of its annotation or a dict of its fields.
+
+        Returns:
+            The arguments to store (``args`` itself when the task has no typed parameters).
+
+        Raises:
+            InvalidArgument: A typed argument does not fit its annotation; the message names the parameter.
+        """
+        if not self.typed:
+            return args
+        dumped = dict(args)
+        for name, shape in self.typed.items():
+            if name in args:
+                try:
+                    dumped[name] = shape.dump(args[name])
+                except Mismatch as exc:
+                    raise InvalidArgument(
+                        f"argument {name!r} of a {self.name!r} job does not fit its annotation "
+                        f"{self._annotation(name)}: {exc}"
+                    ) from exc
+        return dumped
+
+    def loaded(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """A job's stored arguments with the typed ones rebuilt into their annotations, as the function takes them.
+
+        Raises:
+            Mismatch: A stored argument no longer fits its annotation (the task changed since the job was
+                enqueued); the message names the parameter.
+        """
+        loaded = dict(args)
+        for name, shape in self.typed.items():
+            if name in args:
+                try:
+                    loaded[name] = shape.load(args[name])
+                except Mismatch as exc:
+                    raise Mismatch(
+                        f"argument {name!r} does not fit its annotation {self._annotation(name)}: {exc}"
+                    ) from exc
+        return loaded
+
+    def _annotation(self, name: str) -> str:
+        annotation = self.signature.parameters[name].annotation
+        return annotation if isinstance(annotation, str) else label(annotation)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the function directly, in this process, without a job."""
