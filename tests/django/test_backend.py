@@ -158,7 +158,50 @@ def test_the_worker_command_runs_the_tasks_and_results_read_back(project: Projec
                "boom" in bad.errors[0].traceback, good.finished_at is not None]
         """
     )
-    assert results == ["SUCCESSFUL", None, [2, 3], "FAILED", "builtins.ValueError", True, True]
+    assert results == ["SUCCESSFUL", 5, [2, 3], "FAILED", "builtins.ValueError", True, True]
+
+
+def test_a_result_refreshes_to_the_return_value_the_worker_kept(project: Project) -> None:
+    shown = project.shell(
+        """
+        from project.tasks import add, boom, pair
+        from dibs.django.framework import TaskResultDoesNotExist, task_backends
+
+        backend = task_backends["default"]
+        total, failed, both = add.enqueue(20, 22), boom.enqueue(), pair.enqueue("a")
+        before = [total.status, total.is_finished]
+        try:
+            total.return_value
+        except ValueError as exc:
+            before.append(str(exc))
+        backend.app.worker(burst=True, queues=["default"], handle_signals=False).run()
+        total.refresh()
+        failed.refresh()
+        try:
+            failed.return_value
+        except ValueError as exc:
+            failure = str(exc)
+        import dibs
+
+        plain = dibs.App(backend.app.engine)
+        plain.task(name="shop.plain")(lambda: None)
+        missing = []
+        for result_id in [str(plain.enqueue("shop.plain").id), "not-a-number", "999999"]:
+            try:
+                backend.get_result(result_id)
+            except TaskResultDoesNotExist:
+                missing.append(result_id)
+        missing = len(missing)
+        out = [*before, total.status, total.return_value, total.errors, pair.get_result(both.id).return_value,
+               failed.status, failure, failed.errors[0].traceback.strip().splitlines()[-1], missing,
+               [backend.supports_get_result, backend.supports_defer, backend.supports_async_task,
+                backend.supports_priority]]
+        """
+    )
+    assert shown == [
+        "READY", False, "Task has not finished yet", "SUCCESSFUL", 42, [], ["a", ["a", 1]],
+        "FAILED", "Task failed", "ValueError: boom", 3, [True, True, True, True],
+    ]  # fmt: skip
 
 
 def test_the_admin_lists_jobs_and_retries_and_cancels_them(project: Project) -> None:

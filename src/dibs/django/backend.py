@@ -7,6 +7,7 @@ there, so a request that rolls back enqueues nothing.
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import datetime, timezone
 from typing import Any
@@ -22,6 +23,7 @@ from dibs.django.framework import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    normalize_json,
 )
 from dibs.queue.app import App
 from dibs.queue.job import Job, JobContext
@@ -29,8 +31,10 @@ from dibs.queue.job import Job, JobContext
 #: The dibs task every Django task runs as.
 TASK = "django.task"
 
-#: How a job's state reads as a Django task result's status.
+#: How a job's state reads as a Django task result's status: a job waiting for other jobs is as ready as a
+#: scheduled one, and a cancelled job did not succeed.
 STATUSES = {
+    "waiting": TaskResultStatus.READY,
     "scheduled": TaskResultStatus.READY,
     "queued": TaskResultStatus.READY,
     "running": TaskResultStatus.RUNNING,
@@ -47,8 +51,9 @@ class DibsBackend(BaseTaskBackend):  # type: ignore[misc]
     transaction jobs are enqueued, default ``"default"``), ``MAX_ATTEMPTS`` (default 1: a Django task runs
     once unless it asks for more).
 
-    Results carry the job's status, times, attempts and errors; the return value is not kept (dibs does not
-    store task results yet), so ``return_value`` of a successful task is None.
+    Results carry the job's status, times, errors (the last run's, with its traceback) and, once the task
+    succeeded, its return value as JSON makes it (``return_value``; tuples come back as lists), read with
+    ``get_result(id)`` or ``result.refresh()`` by any process on the database.
     """
 
     supports_defer = True
@@ -93,6 +98,8 @@ class DibsBackend(BaseTaskBackend):  # type: ignore[misc]
             job = self.app.get(int(result_id))
         except (JobNotFound, ValueError) as exc:
             raise TaskResultDoesNotExist(result_id) from exc
+        if job.task != TASK:  # a job of the dibs app itself, not of a Django task
+            raise TaskResultDoesNotExist(result_id)
         task = import_string(job.args["path"])
         return self._result(task, job)
 
@@ -109,9 +116,12 @@ class DibsBackend(BaseTaskBackend):  # type: ignore[misc]
             args=job.args["args"],
             kwargs=job.args["kwargs"],
             backend=self.alias,
-            errors=[_error(job.last_error)] if status == TaskResultStatus.FAILED and job.last_error else [],
+            errors=[_error(job.last_error)] if job.last_error else [],
             worker_ids=[job.lease_owner] if job.lease_owner else [],
         )
+        if status == TaskResultStatus.SUCCESSFUL and job.result_json is not None:
+            # The framework's results are frozen and keep their value where only its backends set it.
+            object.__setattr__(result, "_return_value", json.loads(job.result_json))
         return result
 
 
@@ -130,16 +140,18 @@ def _app_for(url: str, queues: list[str], max_attempts: int) -> App:
         return _apps[key]
 
 
-def run_task(path: str, args: list[Any], kwargs: dict[str, Any], context: JobContext) -> None:
-    """Run the Django task at ``path`` (the body of the dibs task every Django task runs as)."""
+def run_task(path: str, args: list[Any], kwargs: dict[str, Any], context: JobContext) -> Any:
+    """Run the Django task at ``path`` (the body of the dibs task every Django task runs as); its return value,
+    normalized to JSON as the framework does, is kept as the job's result."""
     from django.utils.module_loading import import_string
 
     task: Task = import_string(path)
     if task.takes_context:
         result = task.get_backend().get_result(str(context.job_id))
-        task.call(TaskContext(task_result=result), *args, **kwargs)
+        returned = task.call(TaskContext(task_result=result), *args, **kwargs)
     else:
-        task.call(*args, **kwargs)
+        returned = task.call(*args, **kwargs)
+    return normalize_json(returned)
 
 
 def _local(moment: datetime | None) -> datetime | None:

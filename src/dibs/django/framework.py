@@ -19,6 +19,11 @@ except ImportError:
     )
     from django_tasks.exceptions import TaskResultDoesNotExist
 
+try:
+    from django.utils.json import normalize_json
+except ImportError:
+    from django_tasks.utils import normalize_json
+
 __all__ = [
     "BaseTaskBackend",
     "Task",
@@ -27,5 +32,6 @@ __all__ = [
     "TaskResult",
     "TaskResultDoesNotExist",
     "TaskResultStatus",
+    "normalize_json",
     "task_backends",
 ]

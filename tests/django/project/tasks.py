@@ -10,6 +10,11 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+@task()
+def pair(label: str) -> tuple[str, tuple[str, int]]:
+    return label, (label, 1)
+
+
 @task(queue_name="mail", priority=5)
 def send(to: str) -> None:
     record(f"send {to}")
