@@ -21,6 +21,10 @@ dibs_python() {
         if .venv/bin/python -m pip show --quiet dibs >/dev/null 2>&1; then
             .venv/bin/python -m pip uninstall --quiet --disable-pip-version-check --yes dibs
         fi
+        # dev builds mysqlclient (Django's MySQL driver, for the Django tests on MariaDB) from source.
+        if [[ ",$extras," == *,dev,* ]] && ! pkg-config --exists mysqlclient 2>/dev/null; then
+            dibs_apt_install default-libmysqlclient-dev pkg-config gcc python3-dev
+        fi
         .venv/bin/python -m pip install --quiet --disable-pip-version-check -e ".[$extras]"
         touch "$stamp"
     fi

@@ -1,4 +1,4 @@
-"""The Django backend in a real Django project (tests/django/project), on PostgreSQL and SQLite: Django's
+"""The Django backend in a real Django project (tests/django/project), on PostgreSQL, MariaDB and SQLite: Django's
 migrate creates the dibs tables, @task functions enqueue in the request's transaction, manage.py dibs_worker
 runs them, results read back as the task framework has them, and the admin lists, retries and cancels jobs."""
 
@@ -18,29 +18,39 @@ import sqlalchemy as sa
 
 import dibs
 from dibs.schema import LATEST, current_version
-from tests.helpers.targets import POSTGRES_URL, with_driver
+from tests.helpers.targets import MARIADB_URL, POSTGRES_URL, with_driver
 
 PROJECT = Path(__file__).with_name("manage.py").parent
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+#: Per server: the SQLAlchemy driver that creates the test's database, and Django's engine for it.
+SERVERS = {
+    "postgresql": (POSTGRES_URL, "postgresql+psycopg", "django.db.backends.postgresql"),
+    "mariadb": (MARIADB_URL, "mysql+pymysql", "django.db.backends.mysql"),
+}
+
+
+@pytest.fixture(params=["sqlite", "postgresql", "mariadb"])
 def django_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """A DATABASES entry for an empty database of the test's own."""
     if request.param == "sqlite":
         yield {"ENGINE": "django.db.backends.sqlite3", "NAME": str(tmp_path / "site.sqlite")}
         return
+    server, driver, engine = SERVERS[request.param]
     name = f"dibs_django_{os.getpid()}"
-    admin = sa.create_engine(with_driver(POSTGRES_URL, "postgresql+psycopg"), isolation_level="AUTOCOMMIT")
+    quoted = f'"{name}"' if request.param == "postgresql" else f"`{name}`"
+    admin = sa.create_engine(with_driver(server, driver), isolation_level="AUTOCOMMIT")
+    drop = f"DROP DATABASE IF EXISTS {quoted}" + (" WITH (FORCE)" if request.param == "postgresql" else "")
     try:
         with admin.connect() as conn:
-            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-            conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+            conn.exec_driver_sql(drop)
+            conn.exec_driver_sql(f"CREATE DATABASE {quoted}")
     except sa.exc.OperationalError as exc:
         admin.dispose()
-        pytest.skip(f"PostgreSQL is not reachable: {exc}")
-    url = sa.make_url(POSTGRES_URL)
+        pytest.fail(f"{request.param} is not reachable at {server}: {exc}")
+    url = sa.make_url(server)
     yield {
-        "ENGINE": "django.db.backends.postgresql",
+        "ENGINE": engine,
         "NAME": name,
         "USER": url.username or "",
         "PASSWORD": url.password or "",
@@ -48,7 +58,7 @@ def django_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
         "PORT": str(url.port or ""),
     }
     with admin.connect() as conn:
-        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.exec_driver_sql(drop)
     admin.dispose()
 
 

@@ -16,7 +16,8 @@ from sqlalchemy.pool import StaticPool
 DRIVERS = {
     "django.db.backends.postgresql": "postgresql+psycopg",
     "django.db.backends.sqlite3": "sqlite+pysqlite",
-    "django.db.backends.mysql": "mysql+pymysql",
+    # Django's MySQL backend runs on mysqlclient, so it is there for dibs too.
+    "django.db.backends.mysql": "mysql+mysqldb",
 }
 
 
