@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 import dibs
 from dibs import Step
+from dibs.schema import tables
 from tests.helpers import wait_until
 from tests.queue.database import QueueDatabase
 from tests.queue.support import job_count
@@ -167,3 +170,28 @@ def test_a_fan_in_of_ten_thousand_parents(qdb: QueueDatabase) -> None:
     stats = qdb.drain(app, timeout=600, concurrency=20, batch=200)
     assert stats.succeeded == count + 1
     assert made[-1].result(timeout=5) == [count, count - 1]
+
+
+def test_purge_keeps_a_finished_parent_until_its_children_are_settled(qdb: QueueDatabase) -> None:
+    app, ran = recording_app(qdb)
+    parent = app.enqueue("flow.step", {"n": 1})
+    child = app.enqueue("flow.step", {"n": 2}, after=[parent])
+    # Finished as by a worker that died before settling its children: only upkeep can queue the child now.
+    an_hour_ago = datetime.now(timezone.utc) - timedelta(hours=1)
+    with app.engine.begin() as conn:
+        conn.execute(
+            tables.jobs.update()
+            .where(tables.jobs.c.id == parent.id)
+            .values(status="succeeded", finished_at=an_hour_ago, result="10")
+        )
+    assert app.purge() == 0
+    assert app.get(child.id).status == "waiting"
+    worker = qdb.start(app)
+    try:
+        wait_until(lambda: app.get(child.id).status == "succeeded", what="the child, settled by upkeep")
+    finally:
+        worker.stop()
+    assert ran == [("step", 2, [10])]
+    assert app.purge() == 2
+    with app.engine.connect() as conn:
+        assert conn.execute(sa.select(sa.func.count()).select_from(tables.job_parents)).scalar_one() == 0

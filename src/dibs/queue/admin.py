@@ -184,6 +184,8 @@ class Administering(AppBase):
     def purge(self, *, older_than: timedelta = timedelta(0), statuses: str | Sequence[str] = FINISHED) -> int:
         """Delete finished jobs that finished more than ``older_than`` ago.
 
+        A finished job whose waiting children were not settled yet is kept until upkeep has settled them.
+
         Args:
             older_than: How long ago (a timedelta or seconds) a job must have finished.
             statuses: The finished states to delete: one state (``"dead"``) or a list of them.

@@ -91,6 +91,12 @@ def link(conn: Connection, children: Sequence[tuple[int, Sequence[int]]]) -> Non
     _count(conn, wanted, [child for child, _ in children])
 
 
+def forget_parents(conn: Connection, children: Sequence[int]) -> None:
+    """Delete the links of these (purged) jobs to the jobs they waited for; in ``conn``'s transaction."""
+    for chunk in _chunks(children):
+        conn.execute(sa.delete(job_parents).where(job_parents.c.child_id.in_(chunk)))
+
+
 def settle_children(conn: Connection, parents: Sequence[int]) -> None:
     """Count these finished jobs as done for the children waiting for them (once per child and parent),
     queue or cancel the children that wait no more, then clear the parents' flag; in ``conn``'s

@@ -25,7 +25,7 @@ from dibs.dialects import backend_for
 from dibs.dialects.base import from_now, inline
 from dibs.engine import connected
 from dibs.lease import Claimer, Lease, Leases
-from dibs.queue.dependencies import parent_results, settle_children, unsettled_parents
+from dibs.queue.dependencies import forget_parents, parent_results, settle_children, unsettled_parents
 from dibs.schema import (
     DEAD,
     FINISHED,
@@ -315,6 +315,11 @@ class JobStore:
     ) -> int:
         """Delete up to ``limit`` finished jobs that finished more than ``older_than`` ago; returns how many."""
         rows = claim(conn, jobs, where=self._purged(older_than, statuses), delete=True, limit=limit)
+        if rows:
+            # The purged jobs' own links to their parents go with them; links from children to a purged
+            # parent stay, since those children read its result as None.
+            with connected(conn) as connection, self.backend.transaction(connection):
+                forget_parents(connection, [row.id for row in rows])
         return len(rows)
 
     def purgeable(self, conn: Engine | Connection, older_than: timedelta, statuses: Sequence[str]) -> dict[str, int]:
@@ -327,7 +332,8 @@ class JobStore:
 
     def _purged(self, older_than: timedelta, statuses: Sequence[str]) -> list[sa.ColumnElement[bool]]:
         cutoff = from_now(self.backend, -older_than.total_seconds())
-        return [jobs.c.status.in_(list(statuses)), jobs.c.finished_at < cutoff]
+        # A job whose children were not settled yet is kept: upkeep settles them from it.
+        return [jobs.c.status.in_(list(statuses)), jobs.c.finished_at < cutoff, jobs.c.has_children == sa.false()]
 
 
 def error_text(error: BaseException, formatted: str) -> str:
