@@ -214,10 +214,13 @@ def statistics_taken_now(engine: Engine, table: str) -> None:
 
 #: The columns of dibs_jobs that schema steps 6 and 7 (results, dependencies) add.
 LATER_JOB_COLUMNS = ("result", "has_children", "on_parent_failure", "parents_left")
+#: The column of dibs_periodic that step 8 (pausing schedules) adds.
+LATER_PERIODIC_COLUMNS = ("paused",)
 
 
 def without_later_job_columns(engine: Engine) -> None:
-    """Step 1 makes today's jobs table; drop what later steps add, as an older dibs left the table."""
+    """Step 1 makes today's jobs table, and step 3 today's periodic table; drop what later steps add, as an
+    older dibs left the tables."""
     with engine.begin() as conn:
         present = {index["name"] for index in sa.inspect(conn).get_indexes("dibs_jobs")}
         for index in jobs.indexes:
@@ -225,3 +228,6 @@ def without_later_job_columns(engine: Engine) -> None:
                 index.drop(conn)
         for name in LATER_JOB_COLUMNS:
             conn.execute(sa.text(f"ALTER TABLE dibs_jobs DROP COLUMN {name}"))
+        if "dibs_periodic" in sa.inspect(conn).get_table_names():
+            for name in LATER_PERIODIC_COLUMNS:
+                conn.execute(sa.text(f"ALTER TABLE dibs_periodic DROP COLUMN {name}"))

@@ -692,4 +692,5 @@ def test_dibs_status_shows_the_periodic_jobs_after_a_worker_ran(tmp_path: Path) 
         aware(row.next_slot_at).strftime("%Y-%m-%d %H:%M:%S"),
         aware(row.last_slot_at).strftime("%Y-%m-%d %H:%M:%S"),
         str(row.last_job_id),
+        "no",
     ]

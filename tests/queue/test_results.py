@@ -13,7 +13,7 @@ import sqlalchemy as sa
 
 import dibs
 from dibs.queue.results import MAX_RESULT_BYTES
-from dibs.schema import MIGRATIONS, current_version
+from dibs.schema import LATEST, MIGRATIONS, current_version
 from tests.queue.database import QueueDatabase
 from tests.queue.support import job_rows, without_later_job_columns
 
@@ -174,8 +174,8 @@ def test_a_version_4_database_gains_the_result_column(empty_db: QueueDatabase) -
             ),
             {"now": datetime.now(timezone.utc).replace(tzinfo=None)},
         )
-    assert [step.version for step in dibs.migrate(engine)] == [5, 6, 7]
-    assert current_version(engine) == 7
+    assert [step.version for step in dibs.migrate(engine)] == list(range(5, LATEST + 1))
+    assert current_version(engine) == LATEST
     empty_db.drain(app)
     (kept,) = job_rows(engine)
     assert kept.status == "succeeded"
@@ -187,6 +187,6 @@ def test_a_version_3_database_without_the_later_columns_upgrades_through_every_s
     engine = empty_db.engine
     dibs.migrate(engine, MIGRATIONS[:3])
     without_later_job_columns(engine)
-    assert [step.version for step in dibs.migrate(engine)] == [4, 5, 6, 7]
+    assert [step.version for step in dibs.migrate(engine)] == list(range(4, LATEST + 1))
     columns = {column["name"] for column in sa.inspect(engine).get_columns("dibs_jobs")}
     assert {"result", "has_children", "on_parent_failure", "parents_left"} <= columns

@@ -12,6 +12,7 @@ from dibs.cli.dashboard import dashboard
 from dibs.cli.enqueue import enqueue
 from dibs.cli.jobs import jobs
 from dibs.cli.outbox import outbox
+from dibs.cli.periodic import periodic
 from dibs.cli.queues import queues
 from dibs.cli.shared import DibsGroup, run
 from dibs.cli.sql import sql
@@ -76,5 +77,5 @@ def demo(count: int, workers: int, path: str | None, no_kill: bool) -> None:
         raise SystemExit(1)
 
 
-for subcommand in (worker, enqueue, status, jobs, queues, outbox, dashboard, sql):
+for subcommand in (worker, enqueue, status, jobs, queues, periodic, outbox, dashboard, sql):
     command.add_command(subcommand)

@@ -6,6 +6,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from dibs.cli.periodic import schedules_table
 from dibs.cli.shared import add_plain_row
 from dibs.cli.shared import console as _console
 from dibs.cli.shared import open_app as _app
@@ -34,20 +35,7 @@ def status(ctx: click.Context) -> None:
     _print_workers(console, _app(ctx))
     schedules = _run(_app(ctx).periodic_status)
     if schedules:
-        periodic = Table(title="periodic jobs")
-        for column in ("name", "task", "schedule", "next slot (UTC)", "last slot (UTC)", "last job"):
-            periodic.add_column(column)
-        for row in schedules:
-            add_plain_row(
-                periodic,
-                row.name,
-                row.task,
-                row.schedule,
-                row.next_slot_at.strftime("%Y-%m-%d %H:%M:%S"),
-                "-" if row.last_slot_at is None else row.last_slot_at.strftime("%Y-%m-%d %H:%M:%S"),
-                "-" if row.last_job_id is None else str(row.last_job_id),
-            )
-        console.print(periodic)
+        console.print(schedules_table(schedules, title="periodic jobs"))
 
 
 def _print_workers(console: Console, app: App) -> None:

@@ -74,7 +74,8 @@ def _on_selection(app: App, action: str, chosen: JobFilter) -> int:
 
 
 async def act(request: Request) -> Response:
-    """Run the action the form names, on a job, a filtered selection, a queue, or an outbox event."""
+    """Run the action the form names, on a job, a filtered selection, a queue, a periodic schedule, or an
+    outbox event."""
     dashboard: Dashboard = request.app.state.dashboard
     if dashboard.read_only:
         return PlainTextResponse("this dashboard is read-only: actions are refused", status_code=403)
@@ -94,6 +95,8 @@ async def act(request: Request) -> Response:
             await dashboard.threads(_on_selection, app, action, chosen)
         elif action in ("pause", "resume"):
             await dashboard.threads(getattr(app, action), target)
+        elif action in ("pause-periodic", "resume-periodic"):
+            await dashboard.threads(getattr(app, action.replace("-", "_")), target)
         elif action in ("requeue", "discard") and target.isdigit():
             await dashboard.threads(getattr(box, action), [int(target)])
         else:

@@ -1,7 +1,11 @@
-"""Pausing and resuming queues: a row in ``dibs_queues`` that every worker's claim reads.
+"""Pausing and resuming queues and periodic schedules.
 
-A pause takes effect at each worker's next claim (jobs already claimed run to their end); a resume wakes
-PostgreSQL workers with NOTIFY, so that they claim at once instead of at their next poll.
+A queue's pause is a row in ``dibs_queues`` that every worker's claim reads: it takes effect at each worker's
+next claim (jobs already claimed run to their end); a resume wakes PostgreSQL workers with NOTIFY, so that
+they claim at once instead of at their next poll.
+
+A periodic schedule's pause is a flag on its row of ``dibs_periodic``: while it is set, its slots pass without
+a job, and a resume makes up for none of them.
 """
 
 from __future__ import annotations
@@ -9,10 +13,13 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from dibs._checks import checked_name
+from dibs._errors import InvalidArgument
 from dibs.dialects import backend_for
 from dibs.engine import connected, writing
 from dibs.queue.app_base import AppBase
-from dibs.schema import queues
+from dibs.queue.periodic import sync_schedules
+from dibs.queue.task import TASK_NAME_LIMIT
+from dibs.schema import periodic, queues
 
 #: How many times a pause tries when another process inserts the same queue's row at the same moment.
 _TRIES = 3
@@ -86,3 +93,57 @@ class Pausing(AppBase):
             except sa.exc.IntegrityError:  # another pause inserted the row first: update it now
                 if attempt == _TRIES:
                     raise
+
+    def pause_periodic(self, name: str) -> None:
+        """Stop a periodic schedule from enqueueing jobs, on every worker, from its next slot.
+
+        Its slots pass while it is paused (workers move it on past each one) and :meth:`resume_periodic`
+        makes up for none of them.
+
+        Args:
+            name: The schedule's name, as :meth:`periodic_status` lists it.
+
+        Raises:
+            InvalidArgument: No schedule of that name is recorded in the database, nor registered with this app.
+            SchemaMissing: The database lacks the dibs tables (run ``dibs init``).
+
+        Example:
+            >>> app.pause_periodic("refresh_feeds")
+            >>> [schedule.paused for schedule in app.periodic_status()]
+            [True]
+        """
+        self._set_schedule_paused(name, paused=True)
+
+    def resume_periodic(self, name: str) -> None:
+        """Let a paused periodic schedule enqueue its jobs again, from its next slot on.
+
+        No job is enqueued for the slots that passed while it was paused. Resuming a schedule that is not
+        paused does nothing.
+
+        Args:
+            name: The schedule's name.
+
+        Raises:
+            InvalidArgument: No schedule of that name is recorded in the database, nor registered with this app.
+            SchemaMissing: The database lacks the dibs tables (run ``dibs init``).
+
+        Example:
+            >>> app.resume_periodic("refresh_feeds")
+        """
+        self._set_schedule_paused(name, paused=False)
+
+    def _set_schedule_paused(self, name: str, *, paused: bool) -> None:
+        chosen = checked_name(name, "a periodic job's name", TASK_NAME_LIMIT)
+        backend = backend_for(self.engine.dialect)
+        update = sa.update(periodic).where(periodic.c.name == chosen).values(paused=paused, updated_at=backend.now())
+        with self._tables():
+            if chosen in self.schedules:
+                # Registered here but perhaps not recorded yet (no worker started since): recorded first.
+                sync_schedules(self.engine, {chosen: self.schedules[chosen]})
+            with writing(self.engine) as conn:
+                if conn.execute(update).rowcount == 1:
+                    return
+        raise InvalidArgument(
+            f"no periodic job named {chosen!r} is recorded in this database: `dibs status` lists those that are "
+            "(a worker records its app's schedules as it starts)"
+        )

@@ -11,6 +11,9 @@ worker agrees on them; cron expressions are read in UTC. Slots missed while no w
 ``missed`` policy, ``skip``\\ ped (one job, for the latest missed slot) or caught up (one job per missed
 slot, oldest first, at most :data:`MAX_CATCH_UP`). A new schedule starts at its next slot after it
 is first seen; a changed one starts again from its next slot.
+
+A paused schedule enqueues nothing: a worker that finds its slot come moves it on to the next slot, so that
+a resume never makes up for the slots that passed while it was paused.
 """
 
 from __future__ import annotations
@@ -132,6 +135,8 @@ class PeriodicStatus:
     next_slot_at: datetime
     last_slot_at: datetime | None
     last_job_id: int | None
+    #: Whether it is paused: its slots pass without a job.
+    paused: bool = False
 
 
 def checked_periodic(
@@ -218,41 +223,7 @@ def enqueue_due(engine: Engine, schedules: Mapping[str, Periodic], notify_channe
             definition = schedules[row.name]
             if row.schedule != definition.schedule:
                 continue  # another version of the app runs this schedule; its workers fire it
-            slots, count = definition.slots(aware(row.next_slot_at), now)
-            fired = slots if definition.missed == "catch_up" else slots[-1:]
-            if count > 1:
-                log.warning(
-                    "periodic job %s missed %d slots since %s; %s",
-                    row.name,
-                    count - 1,
-                    aware(row.next_slot_at).isoformat(),
-                    "catching up" if definition.missed == "catch_up" else "skipping to the latest",
-                )
-            jobs = insert_jobs(
-                conn,
-                [
-                    new_job(
-                        definition.task,
-                        definition.args,
-                        known_queues=definition.task.app.queues,
-                        max_args_bytes=definition.task.app.max_args_bytes,
-                        dedupe_key=f"periodic:{row.name}:{slot.strftime('%Y%m%dT%H%M%SZ')}"[:200],
-                        **definition.options,
-                    )
-                    for slot in fired
-                ],
-                notify_channel,
-            )
-            conn.execute(
-                sa.update(periodic)
-                .where(periodic.c.name == row.name)
-                .values(
-                    next_slot_at=_stored(conn, definition.next_after(now)),
-                    last_slot_at=_stored(conn, slots[-1]) if slots else row.last_slot_at,
-                    last_job_id=jobs[-1].id if jobs else row.last_job_id,
-                )
-            )
-            enqueued += len(jobs)
+            enqueued += _fire_slots(conn, definition, row, now, notify_channel)
 
     backend = backend_for(engine.dialect)
     claim(
@@ -264,6 +235,50 @@ def enqueue_due(engine: Engine, schedules: Mapping[str, Periodic], notify_channe
         then=fire,
     )
     return enqueued
+
+
+def _fire_slots(
+    conn: Connection, definition: Periodic, row: Row[Any], now: datetime, notify_channel: str | None
+) -> int:
+    """Enqueue the jobs of one schedule's slots that came (none while it is paused) and move it on to its next
+    slot after ``now``; returns how many."""
+    moved = sa.update(periodic).where(periodic.c.name == row.name)
+    if row.paused:
+        conn.execute(moved.values(next_slot_at=_stored(conn, definition.next_after(now))))
+        return 0
+    slots, count = definition.slots(aware(row.next_slot_at), now)
+    fired = slots if definition.missed == "catch_up" else slots[-1:]
+    if count > 1:
+        log.warning(
+            "periodic job %s missed %d slots since %s; %s",
+            row.name,
+            count - 1,
+            aware(row.next_slot_at).isoformat(),
+            "catching up" if definition.missed == "catch_up" else "skipping to the latest",
+        )
+    jobs = insert_jobs(
+        conn,
+        [
+            new_job(
+                definition.task,
+                definition.args,
+                known_queues=definition.task.app.queues,
+                max_args_bytes=definition.task.app.max_args_bytes,
+                dedupe_key=f"periodic:{row.name}:{slot.strftime('%Y%m%dT%H%M%SZ')}"[:200],
+                **definition.options,
+            )
+            for slot in fired
+        ],
+        notify_channel,
+    )
+    conn.execute(
+        moved.values(
+            next_slot_at=_stored(conn, definition.next_after(now)),
+            last_slot_at=_stored(conn, slots[-1]) if slots else row.last_slot_at,
+            last_job_id=jobs[-1].id if jobs else row.last_job_id,
+        )
+    )
+    return len(jobs)
 
 
 def schedule_status(engine: Engine) -> list[PeriodicStatus]:
@@ -278,6 +293,7 @@ def schedule_status(engine: Engine) -> list[PeriodicStatus]:
             next_slot_at=aware(row.next_slot_at),
             last_slot_at=None if row.last_slot_at is None else aware(row.last_slot_at),
             last_job_id=row.last_job_id,
+            paused=bool(row.paused),
         )
         for row in rows
     ]

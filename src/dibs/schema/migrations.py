@@ -74,21 +74,26 @@ def _create_queues(conn: Connection) -> None:
     queues.create(conn, checkfirst=True)
 
 
-def _add_job_columns(conn: Connection, *names: str) -> list[str]:
-    """Add these columns of ``dibs_jobs`` in place (the jobs stay), those it lacks; returns those added. A
-    jobs table created (again) by step 1 has them all."""
+def _add_columns(conn: Connection, table: sa.Table, *names: str) -> list[str]:
+    """Add these columns of ``table`` in place (its rows stay), those it lacks; returns those added. A table
+    created (again) by its own step has them all."""
     if isinstance(conn, Recorder):
-        # A recording sees the jobs table an older dibs made, or the one step 1 just made with every column.
-        present = set() if JOBS in conn.tables else set(jobs.c.keys())
+        # A recording sees the table an older dibs made, or the one an earlier step just made with every column.
+        present = set() if table.name in conn.tables else set(table.c.keys())
     else:
-        present = {column["name"] for column in sa.inspect(conn).get_columns(JOBS)}
+        present = {column["name"] for column in sa.inspect(conn).get_columns(table.name)}
     added = []
     for name in names:
         if name not in present:
-            column = sa.schema.CreateColumn(jobs.c[name]).compile(dialect=conn.dialect)
-            conn.execute(sa.text(f"ALTER TABLE {JOBS} ADD COLUMN {column}"))
+            column = sa.schema.CreateColumn(table.c[name]).compile(dialect=conn.dialect)
+            conn.execute(sa.text(f"ALTER TABLE {table.name} ADD COLUMN {column}"))
             added.append(name)
     return added
+
+
+def _add_job_columns(conn: Connection, *names: str) -> list[str]:
+    """Add these columns of ``dibs_jobs`` in place (the jobs stay), those it lacks; returns those added."""
+    return _add_columns(conn, jobs, *names)
 
 
 def _job_results(conn: Connection) -> None:
@@ -102,6 +107,10 @@ def _job_dependencies(conn: Connection) -> None:
             if index.name == ("dibs_jobs_children" if partial else "dibs_jobs_children_full"):
                 index.create(conn, checkfirst=True)
     job_parents.create(conn, checkfirst=True)
+
+
+def _periodic_pause(conn: Connection) -> None:
+    _add_columns(conn, periodic, "paused")
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -122,6 +131,9 @@ MIGRATIONS: tuple[Migration, ...] = (
         description="jobs that wait for other jobs: the waiting state's columns and dibs_job_parents",
         apply=_job_dependencies,
         creates=JOB_PARENTS,
+    ),
+    Migration(
+        version=8, description="pausing periodic schedules: the paused column of dibs_periodic", apply=_periodic_pause
     ),
 )
 #: The schema version this dibs needs.

@@ -9,7 +9,7 @@ partial indexes; there the status leads each index instead.
 and published by relays, in order per aggregate. Its indexes are partial in the same way: the claim
 reads pending events only, and the check that an event heads its aggregate reads unfinished ones only.
 
-``dibs_periodic`` holds one row per periodic job schedule and the next slot it is due at.
+``dibs_periodic`` holds one row per periodic job schedule, the next slot it is due at, and whether it is paused.
 
 ``dibs_workers`` holds one row per running worker: what it serves and when it last beat, so that
 ``dibs status`` can tell which queued jobs no live worker can take.
@@ -224,6 +224,8 @@ periodic = sa.Table(
     sa.Column("last_slot_at", Timestamp, nullable=True),
     sa.Column("last_job_id", sa.BigInteger, nullable=True),
     sa.Column("updated_at", Timestamp, nullable=False),
+    # A paused schedule enqueues nothing: workers move its next slot on past each slot that comes.
+    sa.Column("paused", sa.Boolean, nullable=False, server_default=sa.false()),
 )
 
 # Running workers. A worker writes its row as it starts, beats in it, and deletes it as it stops; the row of a
