@@ -73,6 +73,8 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
         ("status", job.status + (" (cancel requested)" if job.cancel_requested else "")),
         ("arguments", json.dumps(job.args)),
         ("attempts", f"{job.attempts} of {job.max_attempts}"),
+        ("progress", None if job.progress is None else f"{job.progress:.0%}"),
+        ("progress message", job.progress_message),
         ("priority", job.priority),
         ("tag", job.tag),
         ("dedupe key", job.dedupe_key),

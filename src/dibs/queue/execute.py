@@ -19,6 +19,7 @@ from dibs.lease import Lease
 from dibs.metrics import Metrics
 from dibs.queue.fetch import ClaimedJobs
 from dibs.queue.job import JobContext
+from dibs.queue.progress import ProgressWrites
 from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, HAS_PARENTS_AT, ID_AT, TASK_AT
 from dibs.queue.task import Task
 from dibs.queue.typed_arguments import Mismatch
@@ -78,6 +79,13 @@ class Runners:
         self._held = writes.keeper.held
         self._succeeded = writes.successes.add
         self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="dibs-task")
+        #: What the running jobs report of their progress, written once a second.
+        self.progress = ProgressWrites(writes.shared, self._lease_of)
+
+    def _lease_of(self, context: JobContext) -> Lease | None:
+        """The lease of the job this context belongs to, while it runs here."""
+        running = self.running.get(context.job_id)
+        return running.lease if running is not None and running.context is context else None
 
     def start(self) -> list[asyncio.Task[None]]:
         """Start the runners on the running loop."""
@@ -151,6 +159,8 @@ class Runners:
                     lease, task, f"the arguments of job {job_id} do not fit task {task.name!r}: {exc}"
                 )
                 return
+        if task.wants_context:
+            context.reports_to(self.progress.mark)
         if row[HAS_PARENTS_AT] is not None:  # it waited for other jobs: their results, read once
             writes = self.writes
             context.parent_results = await writes.threads.call(writes.store.parent_results, writes.engine, job_id)

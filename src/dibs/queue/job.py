@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy.engine import Row
 
+from dibs._checks import checked_number, checked_text
 from dibs._errors import InvalidArgument
 from dibs.queue.results import Finished, ResultWaiter
-from dibs.schema import FINISHED, aware
+from dibs.schema import FINISHED, PROGRESS_MESSAGE_LIMIT, aware
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,6 +44,9 @@ class Job:
         lease_expires_at: When the lease of the worker running it runs out, unless renewed.
         result_json: The JSON of what its task returned, once it succeeded (None when it returned None);
             :meth:`result` decodes it, waiting for it first if need be.
+        progress: How far its task last said it had got, from 0 to 1 (None: it never said); see
+            :meth:`JobContext.progress`.
+        progress_message: The message that came with it, if any.
 
     Example:
         >>> job = app.get(42)
@@ -69,6 +74,8 @@ class Job:
     cancel_requested: bool
     lease_expires_at: datetime | None = None
     result_json: str | None = None
+    progress: float | None = None
+    progress_message: str | None = None
 
     @classmethod
     def from_row(cls, row: Row[Any]) -> Job:
@@ -95,6 +102,8 @@ class Job:
             cancel_requested=bool(values["cancel_requested"]),
             lease_expires_at=aware(values["lease_expires_at"]),
             result_json=values.get("result"),
+            progress=values.get("progress"),
+            progress_message=values.get("progress_message"),
         )
 
     def result(self, timeout: float | None = None) -> Any:
@@ -187,6 +196,9 @@ class JobContext:
         self.parent_results: list[Any] = []
         # Made on first wait(): most jobs never wait, and an Event costs more than a no-op job.
         self._event: threading.Event | None = None
+        #: What the job last reported with :meth:`progress`: how far it got, and the message (None: nothing).
+        self.reported: tuple[float, str | None] | None = None
+        self._on_progress: Callable[[JobContext], None] | None = None
 
     @property
     def should_stop(self) -> bool:
@@ -208,6 +220,38 @@ class JobContext:
         if self.stop_reason is not None:
             return True
         return self._event.wait(seconds)
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far the job has got, for ``app.get(id)``, ``dibs jobs show`` and the dashboard.
+
+        Cheap enough for a tight loop: the worker writes the latest report of each running job at most once
+        a second (all of them in one transaction, each fenced by its lease), so reports in between only
+        replace the one waiting. The last report before the job ends may not be written.
+
+        Args:
+            fraction: From 0 (nothing done) to 1 (all done).
+            message: A short note of where it stands, such as ``"3 of 7 files"`` (at most 200 characters).
+
+        Raises:
+            InvalidArgument: ``fraction`` is not a number from 0 to 1, or ``message`` is not short text.
+
+        Example:
+            >>> @app.task
+            ... def resize(paths: list[str], context: dibs.JobContext) -> None:
+            ...     for done, path in enumerate(paths, 1):
+            ...         shrink(path)
+            ...         context.progress(done / len(paths), f"{done} of {len(paths)} images")
+        """
+        done = checked_number(fraction, "a job's progress", 0.0, 1.0)
+        if message is not None:
+            message = checked_text(message, "a progress message", PROGRESS_MESSAGE_LIMIT)
+        self.reported = (done, message)
+        if self._on_progress is not None:
+            self._on_progress(self)
+
+    def reports_to(self, on_progress: Callable[[JobContext], None]) -> None:
+        """Call ``on_progress`` with this context at each :meth:`progress` report (the worker does this)."""
+        self._on_progress = on_progress
 
     def stop(self, reason: str) -> None:
         """Ask the job to stop (the worker calls this).

@@ -23,7 +23,7 @@ from dibs._checks import ERROR_LIMIT
 from dibs.claim import claim
 from dibs.dialects import backend_for
 from dibs.dialects.base import from_now, inline
-from dibs.engine import connected
+from dibs.engine import connected, writing
 from dibs.lease import Claimer, Lease, Leases
 from dibs.queue.dependencies import forget_parents, parent_results, settle_children, unsettled_parents
 from dibs.schema import (
@@ -39,6 +39,16 @@ from dibs.schema import (
 )
 
 RETRY_DELAY = "dibs_retry_delay"
+# A running job's progress, fenced by its lease: a worker that lost the lease, or a job that ended, is left as is.
+_PROGRESS = (
+    sa.update(jobs)
+    .where(
+        jobs.c.id == sa.bindparam("dibs_id"),
+        jobs.c.lease_token == sa.bindparam("dibs_token"),
+        jobs.c.status == inline(RUNNING),
+    )
+    .values(progress=sa.bindparam("dibs_progress"), progress_message=sa.bindparam("dibs_message"))
+)
 UPKEEP_BATCH = 1000
 
 leases = Leases(
@@ -206,6 +216,17 @@ class JobStore:
     def release(self, conn: Engine | Connection, claimed: Sequence[Lease]) -> list[Lease]:
         """Give back unstarted jobs, queued again at once with the attempt not counted."""
         return leases.release_many(conn, claimed)
+
+    def write_progress(self, engine: Engine, reports: Sequence[tuple[Lease, float, str | None]]) -> None:
+        """Record the latest progress of running jobs (lease, fraction, message), all in one transaction."""
+        if not reports:
+            return
+        rows = [
+            {"dibs_id": lease.key[0], "dibs_token": lease.token, "dibs_progress": done, "dibs_message": message}
+            for lease, done, message in reports
+        ]
+        with writing(engine) as conn:
+            conn.execute(_PROGRESS, rows)
 
     def cancel_requests(self, conn: Engine | Connection, ids: Iterable[int]) -> set[int]:
         """Which of these running jobs someone asked to cancel."""

@@ -212,6 +212,7 @@ class Worker(Service[WorkerStats]):
         self.writes.successes.start()
         runners = self.runners.start()
         self.background(self.keeper.run(self.threads), "dibs-heartbeats")
+        self.background(self.runners.progress.run(), "dibs-progress")
         self.background(self.upkeep.run(), "dibs-upkeep")
         # Its row in dibs_workers, for `dibs status`: written now, beating, deleted as it stops.
         self.background(keep_registered(self, self.threads.call), "dibs-registry")

@@ -42,6 +42,8 @@ PERIODIC = "dibs_periodic"
 WORKERS = "dibs_workers"
 QUEUES = "dibs_queues"
 SCHEMA = "dibs_schema"
+#: The longest message a job's progress may carry.
+PROGRESS_MESSAGE_LIMIT = 200
 
 metadata = sa.MetaData()
 
@@ -78,6 +80,10 @@ jobs = sa.Table(
     # and how many of its parents have not finished yet (it is queued when none is left).
     sa.Column("on_parent_failure", Name(16), nullable=True),
     sa.Column("parents_left", sa.Integer, nullable=True),
+    # What the task last reported of how far it has got, 0 to 1, and its message; written while it runs, at
+    # most once a second, by the worker that holds its lease.
+    sa.Column("progress", sa.Double, nullable=True),
+    sa.Column("progress_message", sa.String(PROGRESS_MESSAGE_LIMIT), nullable=True),
 )
 
 
