@@ -65,16 +65,9 @@ from sqlalchemy import event
 
 import dibs
 from benchmarks import record
-from benchmarks.drain import (
-    MARIADB_URL,
-    PG_CLAIM,
-    PG_COMPLETE,
-    POSTGRES_URL,
-    SQLITE_CLAIM,
-    SQLITE_COMPLETE,
-    drain_app,
-    held_tokens,
-)
+from benchmarks.drain import MARIADB_URL, POSTGRES_URL
+from benchmarks.drain_kinds import drain_app
+from benchmarks.floor import PG_CLAIM, PG_COMPLETE, SQLITE_CLAIM, SQLITE_COMPLETE, held_tokens
 from dibs.queue.store import JobStore
 from dibs.schema import jobs
 
