@@ -307,11 +307,12 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                     measured = latency(manager, where["postgresql"], rate, options.latency_seconds, LATENCY_WORKER)
                     latencies.append({"kind": "dibs", **measured})
                     print(f"  latency, {describe_latency(latencies[-1])}", flush=True)
-                    # graphile-worker side by side where one producer process offers the rate, as dibs's does.
-                    if "graphile-worker" in kinds and rate <= PRODUCER_RATE:
-                        measured = node.latency("graphile-worker", POSTGRES_URL, rate, options.latency_seconds)
-                        latencies.append(measured)
-                        print(f"  latency, {describe_latency(measured)}", flush=True)
+                    # The Node peers side by side where one producer process offers the rate, as dibs's does.
+                    for kind in ("graphile-worker", "pg-boss"):
+                        if kind in kinds and rate <= PRODUCER_RATE:
+                            measured = node.latency(kind, POSTGRES_URL, rate, options.latency_seconds)
+                            latencies.append(measured)
+                            print(f"  latency, {describe_latency(measured)}", flush=True)
         finally:
             for backend in backends:
                 own_database(backend, create=False)

@@ -7,6 +7,10 @@
 // `node pg_boss.js drain DSN SETTING.json`: its fastest documented loop, `fetch(queue, { batchSize })` then
 // `complete(queue, ids)` of the whole batch, until a fetch finds nothing (`work()` polls on a timer, at best
 // every 0.5 s, and completes job by job).
+//
+// `node pg_boss.js latency-worker DSN TOTAL` and `latency-producer DSN RATE TOTAL`: pickup latency, as
+// graphile_worker.js measures it. pg-boss 10 has no LISTEN/NOTIFY: `work()` polls, at most every 0.5 s (its
+// documented minimum, used here), and fetches again at once while a fetch finds jobs.
 'use strict'
 const { load, version, payloads, report, seconds, ready, cpuSeconds } = require('./node_common')
 const PgBoss = load('pg-boss')
@@ -75,8 +79,55 @@ async function fill (dsn, file) {
   report({ jobs: jobs.length })
 }
 
+// Wall-clock milliseconds with sub-millisecond precision, comparable between processes.
+function now () {
+  return performance.timeOrigin + performance.now()
+}
+
+// A running worker polling at pg-boss's shortest interval, until TOTAL jobs have started; prints each job's
+// wait from its `sent` time to its start.
+async function latencyWorker (dsn, total) {
+  const boss = await open(dsn, 4)
+  const waits = []
+  let finished
+  const allStarted = new Promise((resolve) => { finished = resolve })
+  await boss.work(QUEUE, { pollingIntervalSeconds: 0.5, batchSize: 100 }, async (jobs) => {
+    const started = now()
+    for (const job of jobs) waits.push(started - job.data.sent)
+    if (waits.length >= Number(total)) finished()
+  })
+  await ready()
+  await allStarted
+  report({ waits, version: version('pg-boss') })
+  await boss.stop({ graceful: false, wait: true })
+}
+
+// Job n is due at n / RATE seconds; the jobs that have come due go in with one `insert` (one `send` when one is
+// due), each carrying the time just before the call.
+async function latencyProducer (dsn, rate, total) {
+  const boss = await open(dsn, 2)
+  await ready()
+  await new Promise((resolve) => setTimeout(resolve, 1000))
+  const began = now()
+  let sent = 0
+  while (sent < total) {
+    const elapsed = (now() - began) / 1000
+    const due = Math.min(total, Math.floor(elapsed * rate) + 1) - sent
+    if (due <= 0) {
+      await new Promise((resolve) => setTimeout(resolve, Math.max(0, ((sent / rate) - elapsed) * 1000)))
+      continue
+    }
+    const data = { sent: now() }
+    if (due === 1) await boss.send(QUEUE, data)
+    else await boss.insert(Array.from({ length: due }, () => ({ name: QUEUE, data })))
+    sent += due
+  }
+  report({ jobs: sent, seconds: (now() - began) / 1000 })
+  await boss.stop({ graceful: false, wait: true })
+}
+
 const [command, ...rest] = process.argv.slice(2)
-const commands = { enqueue, drain, install, fill }
+const commands = { enqueue, drain, install, fill, 'latency-worker': latencyWorker, 'latency-producer': latencyProducer }
 if (!commands[command]) {
   process.stderr.write(`unknown command ${command}; known: ${Object.keys(commands).join(', ')}\n`)
   process.exit(2)
