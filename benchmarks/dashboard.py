@@ -83,6 +83,8 @@ def pages(engine: sa.Engine) -> dict[str, str]:
         "jobs, next page": "/jobs?before=500000",
         "jobs, key": "/jobs?key=key998995",
         "jobs, text in arguments": "/jobs?text=order%22%3A%20999999",
+        "jobs, text found nowhere": "/jobs?text=nowhere",
+        "jobs, text, an older window": "/jobs?text=nowhere&before=500000",
         "job": f"/jobs/{some_job}",
         "schedules": "/schedules",
         "outbox": "/outbox",
@@ -112,11 +114,14 @@ def main() -> None:
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--out", type=Path, default=None, help="Write the results as JSON here too.")
+    parser.add_argument(
+        "--postgres", default=POSTGRES, help="The PostgreSQL database to fill (its dibs tables are dropped)."
+    )
     options = parser.parse_args()
     results: dict[str, Any] = {"jobs": options.jobs, "milliseconds": {}}
     with tempfile.TemporaryDirectory() as directory:
         for backend in options.backends.split(","):
-            url = POSTGRES if backend == "postgresql" else f"sqlite:///{directory}/dashboard.sqlite"
+            url = options.postgres if backend == "postgresql" else f"sqlite:///{directory}/dashboard.sqlite"
             engine = dibs.create_engine(url)
             started = time.perf_counter()
             fill(engine, options.jobs)

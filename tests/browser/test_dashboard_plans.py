@@ -58,6 +58,13 @@ def test_a_dashboard_read_uses_its_indexes_not_the_whole_table(qdb: QueueDatabas
         assert not reads_whole(plan, "dibs_jobs"), plan
 
 
+def test_a_search_for_text_reads_a_range_of_the_primary_key(qdb: QueueDatabase) -> None:
+    _filled(qdb)
+    chosen = reads.JobFilter(text="needle")
+    statements = caught_statements(qdb.engine, lambda: reads.job_page(qdb.engine, chosen, None, window=100))
+    assert_reads_indexes(qdb.engine, statements, "dibs_jobs", [])
+
+
 def test_the_next_page_of_jobs_starts_from_the_primary_key(qdb: QueueDatabase) -> None:
     _filled(qdb, 500)
     statements = caught_statements(qdb.engine, lambda: reads.job_page(qdb.engine, reads.JobFilter(), 250))

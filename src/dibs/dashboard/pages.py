@@ -62,8 +62,14 @@ async def job_list(request: Request) -> Response:
         chosen = JobFilter(
             **{name: params.get(name, "").strip() for name in ("status", "queue", "task", "key", "text")}
         )
-        rows, next_before = job_page(dashboard.app.engine, chosen, _number(params.get("before")))
-        return {"rows": rows, "filter": chosen, "next_before": next_before, "states": STATES}
+        found = job_page(dashboard.app.engine, chosen, _number(params.get("before")))
+        return {
+            "rows": found.rows,
+            "filter": chosen,
+            "next_before": found.next_before,
+            "searched": found.searched,
+            "states": STATES,
+        }
 
     return await _render(request, "jobs.html", context)
 

@@ -1,7 +1,9 @@
 """What the dashboard's pages read: each a query that an index answers, however many jobs the table holds.
 
 Lists are pages of a keyset (``id < last id seen``, newest first), never ``OFFSET``; no page counts every row
-of a filter.
+of a filter. No index can find text inside the arguments, so a search for it reads a window of the newest
+:data:`SEARCH_WINDOW` ids below where its page starts, a range of the primary key, and says which; the
+next window is a page of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from dibs.schema import DEAD, FINISHED, LIVE, QUEUED, RUNNING, STATES, SUCCEEDED
 PAGE = 50
 #: The throughput chart: this many bars over the last hour.
 BUCKETS = 12
+#: Ids one search for text in the arguments reads: the newest this many below where its page starts.
+SEARCH_WINDOW = 100_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,9 +68,30 @@ class JobFilter:
         return {name: value for name, value in vars(self).items() if value}
 
 
-def job_page(engine: Engine, chosen: JobFilter, before: int | None) -> tuple[list[Any], int | None]:
-    """One page of jobs matching the filter, newest first, older than job ``before``; and the id to pass as
-    ``before`` for the next page (None on the last)."""
+@dataclass(frozen=True, kw_only=True)
+class SearchWindow:
+    """The ids a search for text in the arguments read, and where the next window starts, if older jobs are
+    left to search."""
+
+    lowest: int
+    highest: int
+    further: int | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobPage:
+    """One page of the jobs list."""
+
+    rows: list[Any]
+    #: The id to pass as ``before`` for the next page of matches (None: this window or table has no more).
+    next_before: int | None
+    #: For a search for text in the arguments: the window of ids it read.
+    searched: SearchWindow | None = None
+
+
+def job_page(engine: Engine, chosen: JobFilter, before: int | None, window: int | None = None) -> JobPage:
+    """One page of jobs matching the filter, newest first, older than job ``before``. A search for text in
+    the arguments reads the ``window`` (default :data:`SEARCH_WINDOW`) newest ids below ``before`` only."""
     query = (
         sa.select(
             jobs.c.id,
@@ -82,13 +107,23 @@ def job_page(engine: Engine, chosen: JobFilter, before: int | None) -> tuple[lis
         .order_by(jobs.c.id.desc())
         .limit(PAGE + 1)
     )
-    if before is not None:
-        query = query.where(jobs.c.id < before)
     with connected(engine) as conn:
+        top = before
+        if chosen.text and top is None:
+            top = (conn.execute(sa.select(sa.func.max(jobs.c.id))).scalar() or 0) + 1
+        if top is not None:
+            query = query.where(jobs.c.id < top)
+        if chosen.text and top is not None:
+            lowest = max(top - (window or SEARCH_WINDOW), 1)
+            query = query.where(jobs.c.id >= lowest)
         rows = list(conn.execute(query).all())
-    more = len(rows) > PAGE
-    rows = rows[:PAGE]
-    return rows, (rows[-1].id if more else None)
+        more = len(rows) > PAGE
+        rows = rows[:PAGE]
+        if not chosen.text or top is None or more:
+            return JobPage(rows=rows, next_before=rows[-1].id if more else None)
+        older = conn.execute(sa.select(jobs.c.id).where(jobs.c.id < lowest).order_by(jobs.c.id.desc()).limit(1))
+        further = lowest if older.first() is not None else None
+    return JobPage(rows=rows, next_before=None, searched=SearchWindow(lowest=lowest, highest=top - 1, further=further))
 
 
 @dataclass(frozen=True, kw_only=True)
