@@ -119,7 +119,7 @@ def job_page(engine: Engine, chosen: JobFilter, before: int | None, window: int 
         rows = list(conn.execute(query).all())
         more = len(rows) > PAGE
         rows = rows[:PAGE]
-        if not chosen.text or top is None or more:
+        if not chosen.text or top is None or top <= 1 or more:
             return JobPage(rows=rows, next_before=rows[-1].id if more else None)
         older = conn.execute(sa.select(jobs.c.id).where(jobs.c.id < lowest).order_by(jobs.c.id.desc()).limit(1))
         further = lowest if older.first() is not None else None
