@@ -3,7 +3,8 @@
     .venv/bin/python scripts/dashboard_screenshots.py
 
 A SQLite database in a temporary directory gets a few hundred jobs (succeeded, dead with a traceback,
-queued, scheduled), a paused queue, a periodic schedule and an abandoned outbox event.
+queued, scheduled, one running with its progress), a paused queue, a periodic schedule and an abandoned
+outbox event.
 """
 
 from __future__ import annotations
@@ -44,6 +45,11 @@ def fill(url: str) -> dibs.App:
     app.enqueue(send_receipt, {"order_id": 301}, delay=600)
     app.enqueue_many(nightly_report, [{}] * 12)
     app.pause("reports")
+    app.sync_periodic()
+    (running,) = app.store.claim(
+        app.engine, owner="worker-1", lease_seconds=600, limit=1, queues=["mail"], tasks=["shop.send_receipt"], tags=[]
+    )
+    app.store.write_progress(app.engine, [(running, 0.42, "3 of 7 attachments sent")])
     box = dibs.Outbox(app.engine)
     with app.engine.begin() as conn:
         event = box.add(conn, "order", 42, "order.paid", {"total": 99})
@@ -61,6 +67,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as directory:
         app = fill(f"sqlite:///{directory}/dibs.sqlite")
         dead = app.jobs(status="dead", limit=1)[0].id
+        running = app.jobs(status="running", limit=1)[0].id
         served = serve(app)
         try:
             with sync_playwright() as playwright:
@@ -70,6 +77,8 @@ def main() -> None:
                     ("overview", "/"),
                     ("jobs", "/jobs"),
                     ("job", f"/jobs/{dead}"),
+                    ("progress", f"/jobs/{running}"),
+                    ("schedules", "/schedules"),
                     ("outbox", "/outbox"),
                 ]:
                     page.goto(served.url + path)
