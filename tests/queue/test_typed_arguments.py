@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import uuid
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 import pydantic
@@ -170,3 +172,26 @@ def test_a_stored_argument_that_no_longer_fits_buries_the_job_at_once(qdb: Queue
     assert dead.attempts == 1
     assert f"the arguments of job {job.id} do not fit task 'shop.refund': argument 'order'" in (dead.last_error or "")
     assert "customer: Field required" in (dead.last_error or "")
+
+
+class Refund(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(strict=True)
+
+    order: uuid.UUID
+    at: datetime
+
+
+def test_a_strict_model_is_rebuilt_from_its_stored_json(qdb: QueueDatabase) -> None:
+    """A strict model refuses an ISO date or a UUID as a Python string: the worker validates the stored JSON."""
+    app = qdb.app()
+    seen: list[Refund] = []
+
+    @app.task(name="shop.refund")
+    def refund(refund: Refund) -> None:
+        seen.append(refund)
+
+    wanted = Refund(order=uuid.uuid4(), at=datetime(2026, 11, 26, 23, 0, tzinfo=timezone.utc))
+    job = refund.enqueue({"refund": wanted})
+    qdb.drain(app)
+    assert app.get(job.id).status == "succeeded"
+    assert seen == [wanted]
