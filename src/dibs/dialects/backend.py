@@ -17,6 +17,7 @@ from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement, visitors
 from sqlalchemy.sql.elements import BindParameter
 
+from dibs.dialects.batch import PARAMETERS_LIMIT, BatchInsert, ValuesInsert
 from dibs.dialects.inserts import Build, Inserted, insert_one_new, insert_rows
 from dibs.dialects.keys import fenced_in_list, fenced_in_list_values
 from dibs.dialects.values import resolve_times
@@ -86,6 +87,21 @@ class Backend(Protocol):
     def insert_rows(self, conn: Connection, build: Build, rows: Sequence[Mapping[str, Any]]) -> Inserted:
         """Insert ``rows`` on ``conn``, in its transaction, in as few round trips as the driver allows: the
         rows the INSERT returned where the driver returns them, else the id each made (one INSERT each)."""
+        ...
+
+    def batch_insert(
+        self,
+        dialect: Dialect,
+        table: sa.Table,
+        shared: Mapping[str, ColumnElement[Any]],
+        varying: Sequence[str],
+        read: Sequence[sa.Column[Any]],
+        channel: str | None,
+    ) -> BatchInsert | None:
+        """An INSERT of many rows that differ only in the ``varying`` columns (the others take the ``shared``
+        expressions), giving back their ids in order and the ``read`` columns once per statement; it wakes
+        ``channel``'s listeners in the same round trip where the database can and the parameters have a
+        ``dibs_payload``. None where the driver cannot return a multi-row INSERT's ids."""
         ...
 
     def insert_one_new(self, conn: Connection, build: Build, values: Mapping[str, Any]) -> Row[Any] | int | None:
@@ -166,6 +182,8 @@ class BackendDefaults:
     #: Two: a claim and a write of finished jobs run at once.
     default_worker_connections = 2
     partial_indexes = False
+    #: The most parameters one statement may bind.
+    parameters_limit = PARAMETERS_LIMIT
 
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         return None
@@ -183,6 +201,19 @@ class BackendDefaults:
 
     def insert_one_new(self, conn: Connection, build: Build, values: Mapping[str, Any]) -> Row[Any] | int | None:
         return insert_one_new(conn, build, values)
+
+    def batch_insert(
+        self,
+        dialect: Dialect,
+        table: sa.Table,
+        shared: Mapping[str, ColumnElement[Any]],
+        varying: Sequence[str],
+        read: Sequence[sa.Column[Any]],
+        channel: str | None,
+    ) -> BatchInsert | None:
+        if not dialect.insert_returning:
+            return None
+        return ValuesInsert(table, shared, varying, read, self.parameters_limit)
 
     def elapsed(self, since: ColumnElement[Any], seconds: ColumnElement[Any]) -> ColumnElement[bool]:
         from dibs._errors import InvalidArgument

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
 from typing import Any
@@ -37,11 +37,13 @@ from sqlalchemy.sql.elements import Grouping
 
 from dibs.dialects import driver
 from dibs.dialects.backend import BackendDefaults, Listener
+from dibs.dialects.batch import BatchInsert
 from dibs.dialects.keys import fenced_in_list, fenced_in_list_values
 from dibs.dialects.ordering import SortKey, in_order, python_order, split_order
 from dibs.dialects.portable import PORTABLE_INSTEAD, PortableClaim
 from dibs.dialects.request import ClaimRequest, ClaimStrategy, StatementCache, run_then
 from dibs.dialects.transactions import explicit_transaction
+from dibs.dialects.unnest import ArrayInsert
 from dibs.dialects.versions import server_version, warn_fallback
 
 SKIP_LOCKED_SINCE = (9, 5)
@@ -215,6 +217,17 @@ class PostgreSQL(BackendDefaults):
             payload = sa.bindparam("dibs_payload", type_=sa.String)
             statement = self._notify_statements[channel] = sa.select(sa.func.pg_notify(channel, payload))
         return statement
+
+    def batch_insert(
+        self,
+        dialect: Dialect,
+        table: sa.Table,
+        shared: Mapping[str, ColumnElement[Any]],
+        varying: Sequence[str],
+        read: Sequence[sa.Column[Any]],
+        channel: str | None,
+    ) -> BatchInsert | None:
+        return ArrayInsert(table, shared, varying, read, channel)
 
     def listen(self, engine: Engine, channel: str, woken: Callable[[str], None]) -> Listener | None:
         if engine.dialect.driver != "psycopg":

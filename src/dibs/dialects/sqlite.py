@@ -160,6 +160,7 @@ class SQLite(AppClock, BackendDefaults):
     #: more; in one thread they take turns at once.
     default_worker_connections = 1
     partial_indexes = True
+    parameters_limit = 32_766 if sqlite3.sqlite_version_info >= (3, 32) else 999
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
         version = server_version(dialect)

@@ -12,6 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from itertools import repeat
 from typing import Any
 
 import sqlalchemy as sa
@@ -40,7 +41,9 @@ CHANNEL = "dibs_jobs"
 
 _DELAY = "dibs_delay"
 _RUN_AT = "dibs_run_at"
-_KEY_LIMIT = 200
+KEY_LIMIT = 200
+#: The JSON of job arguments: compact, and refusing NaN and infinities, which JSON has no words for.
+_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 #: How many times a dedupe insert is tried when the live job it collided with finished before it was read.
 _DEDUPE_TRIES = 5
 
@@ -74,10 +77,10 @@ def new_job(
     on_parent_failure: str | None = None,
 ) -> NewJob:
     """Check every option of one job; InvalidArgument saying what to change for the first bad one."""
-    arguments = task.dumped(_checked_arguments(task, {} if args is None else args))
-    encoded = _encoded(task, arguments, max_args_bytes)
+    arguments = task.dumped(checked_arguments(task, {} if args is None else args))
+    encoded = encoded_args(task, arguments, max_args_bytes)
     chosen_queue = task.queue if queue is None else checked_name(queue, "queue")
-    if chosen_queue not in known_queues:
+    if queue is not None and chosen_queue not in known_queues:
         raise UnknownQueue(
             f"no task is on queue {chosen_queue!r} and App(queues=...) does not declare it; "
             f"known queues: {', '.join(sorted(known_queues))}"
@@ -90,9 +93,9 @@ def new_job(
         when, seconds = checked_moment(run_at, "run_at"), None
     key = task.key_for(arguments) if ordering_key is None else ordering_key
     if dedupe_key is not None:
-        checked_text(dedupe_key, "dedupe_key", _KEY_LIMIT)
+        checked_text(dedupe_key, "dedupe_key", KEY_LIMIT)
     if key is not None:
-        checked_text(key, "ordering_key", _KEY_LIMIT)
+        checked_text(key, "ordering_key", KEY_LIMIT)
     chosen_tag = task.tag if tag is None else checked_name(tag, "tag")
     parents = () if after is None else parent_ids(after)
     policy = _parent_failure(on_parent_failure, parents, dedupe_key)
@@ -142,25 +145,26 @@ def _parent_failure(policy: str | None, parents: tuple[int, ...], dedupe_key: st
     return chosen
 
 
-def _checked_arguments(task: Task, arguments: Any) -> Mapping[str, Any]:
+def checked_arguments(task: Task, arguments: Any) -> Mapping[str, Any]:
     """A job's arguments, if they are a dict of argument names."""
-    if not isinstance(arguments, Mapping) or not all(isinstance(name, str) for name in arguments):
+    if not isinstance(arguments, Mapping) or not all(map(isinstance, arguments, repeat(str))):
         raise InvalidArgument(
             f"the arguments of a {task.name!r} job must be a dict of argument names to values, got {arguments!r}"
         )
     return arguments
 
 
-def _encoded(task: Task, arguments: Mapping[str, Any], max_args_bytes: int) -> str:
+def encoded_args(task: Task, arguments: Mapping[str, Any], max_args_bytes: int) -> str:
     """A job's arguments as JSON text, within the size limit."""
     try:
-        encoded = json.dumps(arguments, allow_nan=False, separators=(",", ":"))
+        encoded = _ENCODER.encode(arguments)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(
             f"the arguments of a {task.name!r} job are not JSON ({exc}); pass only str, int, float, bool, "
             "None, lists and dicts, and turn other values (dates, ids, objects) into one of those first"
         ) from exc
-    size = len(encoded.encode())
+    # The encoder escapes every non-ASCII character, so the text has as many bytes as characters.
+    size = len(encoded)
     if size > max_args_bytes:
         raise InvalidArgument(
             f"the arguments of a {task.name!r} job take {size:,} bytes as JSON, over the limit of "
@@ -187,7 +191,7 @@ def insert_jobs(conn: Connection, new: Sequence[NewJob], notify_channel: str | N
     children = [(job.id, waiting.parents) for job, waiting in zip(stored, new, strict=True) if job and waiting.parents]
     if children:
         link(conn, children)
-        _refresh(conn, stored, {child for child, _ in children})
+        refresh(conn, stored, {child for child, _ in children})
     notify = backend.notify(notify_channel) if notify_channel else None
     if notify is not None and new:
         queues = sorted({job.values["queue"] for job in new})
@@ -195,7 +199,7 @@ def insert_jobs(conn: Connection, new: Sequence[NewJob], notify_channel: str | N
     return [job for job in stored if job is not None]
 
 
-def _refresh(conn: Connection, stored: list[Job | None], ids: set[int]) -> None:
+def refresh(conn: Connection, stored: list[Job | None], ids: set[int]) -> None:
     """Read these jobs again: linking them may have queued (or cancelled) them at once."""
     rows = {row.id: row for row in conn.execute(sa.select(jobs).where(jobs.c.id.in_(sorted(ids))))}
     for index, job in enumerate(stored):

@@ -11,7 +11,8 @@ from sqlalchemy.engine import Connection
 from dibs._errors import InvalidArgument
 from dibs.engine import writing
 from dibs.queue.app_base import AppBase
-from dibs.queue.enqueue import NewJob, insert_jobs, new_job, task_named
+from dibs.queue.batch import Batch, insert_batch, new_batch
+from dibs.queue.enqueue import task_named
 from dibs.queue.job import Job
 from dibs.queue.task import Task
 
@@ -83,20 +84,23 @@ class Enqueueing(AppBase):
             InvalidArgument: ``many_args`` is one dict, an argument set is not JSON, or an option is wrong.
             SchemaMissing: The database lacks the dibs tables (run ``dibs init``).
         """
-        new = self._validated(task, many_args, options)
+        batch = self._validated(task, many_args, options)
+        if batch is None:
+            return []
+        first = batch.first
         if (
             conn is None
-            and len(new) == 1
-            and new[0].values["dedupe_key"] is None
-            and not new[0].parents
+            and len(batch.args) == 1
+            and first.values["dedupe_key"] is None
+            and not first.parents
             and self.store.backend.atomic_statements
         ):
             # One INSERT is atomic on its own: in autocommit it is one round trip instead of three (BEGIN,
-            # INSERT, COMMIT), and the notification that follows it finds the job committed.
+            # INSERT, COMMIT), and the notification it sends is delivered with it.
             with self._tables(), self.engine.connect() as connection:
                 autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
-                return self._waited(insert_jobs(autocommit, new, self._channel()))
-        return self._write(conn, lambda connection: insert_jobs(connection, new, self._channel()))
+                return self._waited(insert_batch(autocommit, batch, self._channel()))
+        return self._write(conn, lambda connection: insert_batch(connection, batch, self._channel()))
 
     async def aenqueue(
         self,
@@ -140,27 +144,26 @@ class Enqueueing(AppBase):
         Returns:
             The jobs as stored.
         """
-        new = self._validated(task, many_args, options)
+        batch = self._validated(task, many_args, options)
+        if batch is None:
+            return []
         if conn is None:
-            return await asyncio.to_thread(self._write, None, lambda c: insert_jobs(c, new, self._channel()))
+            return await asyncio.to_thread(self._write, None, lambda c: insert_batch(c, batch, self._channel()))
 
         def write(sync: Any) -> list[Job]:
-            return self._write(sync, lambda c: insert_jobs(c, new, self._channel()))
+            return self._write(sync, lambda c: insert_batch(c, batch, self._channel()))
 
         return await conn.run_sync(write)
 
     def _validated(
         self, task: Task | str, many_args: Iterable[Mapping[str, Any] | None], options: Mapping[str, Any]
-    ) -> list[NewJob]:
+    ) -> Batch | None:
         chosen = task_named(self.tasks, task, by_function=False)
         if isinstance(many_args, Mapping):
             raise InvalidArgument("enqueue_many takes a list of argument dicts, one per job; for one job use enqueue")
-        known = self.queues
         try:
-            return [
-                new_job(chosen, args, known_queues=known, max_args_bytes=self.max_args_bytes, **options)
-                for args in many_args
-            ]
+            known = self.queues if "queue" in options else frozenset()
+            return new_batch(chosen, many_args, known_queues=known, max_args_bytes=self.max_args_bytes, **options)
         except TypeError as exc:
             raise InvalidArgument(
                 f"{exc}; enqueue options are queue, priority, run_at, delay, max_attempts, dedupe_key, "

@@ -122,7 +122,12 @@ class Workflows(Enqueueing):
     def _steps(self, steps: Sequence[Step]) -> list[NewJob]:
         if not steps or not all(isinstance(step, Step) for step in steps):
             raise InvalidArgument(f"a workflow takes one or more dibs.Step values, got {list(steps)!r}")
-        return [self._validated(step.task, [step.args], step.options)[0] for step in steps]
+        return [self._step(step) for step in steps]
+
+    def _step(self, step: Step) -> NewJob:
+        batch = self._validated(step.task, [step.args], step.options)
+        assert batch is not None  # one argument set makes one job
+        return batch.first
 
     def _chain(self, conn: Connection, steps: list[NewJob]) -> list[Job]:
         made: list[Job] = []

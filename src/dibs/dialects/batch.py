@@ -1,0 +1,174 @@
+"""Many rows in few INSERTs that give back the ids made, in the order of the rows.
+
+The rows of a batch differ in a few columns (a job's arguments, its ordering key) and share the rest (one
+value or SQL expression for all of them), so only the differing columns cost anything per row. PostgreSQL
+takes each differing column as one array (``INSERT ... SELECT ... FROM unnest(...) WITH ORDINALITY``),
+elsewhere a multi-row ``VALUES`` binds the differing values of a row and repeats the shared ones.
+
+Ids come from a sequence (or rowid, or AUTO_INCREMENT) in the order the rows are inserted, and the rows are
+inserted in the order given, so the returned ids sorted are the rows' ids in order. Shared expressions that
+read the clock give the same value for every row of one statement, so each statement's shared columns are
+read back once, not per row.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from itertools import islice
+from typing import Any, NamedTuple, Protocol
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql import ColumnElement
+
+#: The largest statement of a batch, by rows and by the bytes of its differing text values.
+ROWS_LIMIT = 512
+BYTES_LIMIT = 4_000_000
+#: Parameters a statement may bind, where the database says nothing lower.
+PARAMETERS_LIMIT = 32_766
+
+
+class Stored(NamedTuple):
+    """What one statement of a batch stored: the ids made, in the order of its rows, and the ``read``
+    columns (the same for every row of the statement) as stored."""
+
+    ids: list[int]
+    shared: tuple[Any, ...]
+
+
+class BatchInsert(Protocol):
+    """An INSERT of many rows, built once per shape and run for every batch of that shape."""
+
+    def run(
+        self, conn: Connection, parameters: Mapping[str, Any], columns: Mapping[str, Sequence[Any]]
+    ) -> list[Stored]:
+        """Insert one row per value of ``columns`` (each the same length), with ``parameters`` bound for the
+        shared expressions, on ``conn`` in its transaction."""
+        ...
+
+
+def chunks(
+    columns: Mapping[str, Sequence[Any]], rows: int, size_bytes: int = BYTES_LIMIT, *, powers: bool = True
+) -> list[tuple[int, int]]:
+    """(start, end) of each statement's rows: at most ``rows`` and about ``size_bytes`` of text; with
+    ``powers``, each a power of two rows (``rows`` is one), so that a batch of any size takes one of a few
+    statements, each built once."""
+    total = len(next(iter(columns.values())))
+    texts = [values for values in columns.values() if any(isinstance(value, str) for value in values[:1])]
+    found: list[tuple[int, int]] = []
+    start = 0
+    while start < total:
+        size = rows
+        while size > total - start:
+            size = size // 2 if powers else total - start
+        while size > 1 and _text_bytes(texts, start, start + size) > size_bytes:
+            size //= 2
+        found.append((start, start + size))
+        start += size
+    return found
+
+
+def _text_bytes(texts: Sequence[Sequence[str | None]], start: int, end: int) -> int:
+    return sum(sum(map(len, filter(None, islice(values, start, end)))) for values in texts)
+
+
+#: A named parameter in the SQL of the drivers that take them by name.
+_NAMED = {"pyformat": re.compile(r"%\((\w+)\)s"), "named": re.compile(r"(?<![:\w]):(\w+)")}
+_POSITIONAL = {"pyformat": "%s", "named": "?"}
+
+
+def _positional(compiled: Any, paramstyle: str) -> tuple[str, list[str]]:
+    """The SQL of a compiled statement with parameters by position, and the name of each position."""
+    if compiled.positiontup is not None:
+        return str(compiled.string), list(compiled.positiontup)
+    names: list[str] = []
+
+    def position(found: re.Match[str]) -> str:
+        names.append(found.group(1))
+        return _POSITIONAL[paramstyle]
+
+    return _NAMED[paramstyle].sub(position, compiled.string), names
+
+
+class ValuesInsert:
+    """Multi-row ``INSERT ... VALUES ... RETURNING id``: the one-row statement compiled once, its ``VALUES``
+    group repeated for each row count (a power of two) and run with the driver's own parameters."""
+
+    def __init__(
+        self,
+        table: sa.Table,
+        shared: Mapping[str, ColumnElement[Any]],
+        varying: Sequence[str],
+        read: Sequence[sa.Column[Any]],
+        parameters_limit: int = PARAMETERS_LIMIT,
+    ) -> None:
+        self.table, self.varying, self.read = table, tuple(varying), tuple(read)
+        values = {
+            **shared,
+            **{column: sa.bindparam(f"dibs_{column}", type_=table.c[column].type) for column in varying},
+        }
+        #: One row gives its shared columns back with its id: one round trip for a job enqueued alone.
+        self.single = sa.insert(table).values(values).returning(table.c.id, *self.read)
+        self._one_row = sa.insert(table).values(values).returning(table.c.id)
+        self._read = sa.select(*self.read).where(table.c.id == sa.bindparam("dibs_first_id"))
+        self._compiled: Any = None
+        self._sql: dict[int, str] = {}
+        self.parameters_limit = parameters_limit
+
+    def _prepare(self, conn: Connection) -> Any:
+        if self._compiled is None:
+            compiled = self._one_row.compile(dialect=conn.dialect)
+            sql, names = _positional(compiled, conn.dialect.paramstyle)
+            head, _, rest = sql.partition(" VALUES ")
+            group, _, tail = rest.rpartition(" RETURNING ")
+            self._parts = (f"{head} VALUES ", group, f" RETURNING {tail}")
+            self._names = names
+            self._rows = ROWS_LIMIT
+            while self._rows > 1 and self._rows * len(names) > self.parameters_limit:
+                self._rows //= 2
+            self._compiled = compiled
+        return self._compiled
+
+    def _statement(self, rows: int) -> str:
+        sql = self._sql.get(rows)
+        if sql is None:
+            head, group, tail = self._parts
+            sql = self._sql[rows] = head + ", ".join([group] * rows) + tail
+        return sql
+
+    def _processed(self, conn: Connection, name: str, value: Any) -> Any:
+        processor = self._compiled.binds[name].type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
+        return value if processor is None else processor(value)
+
+    def run(
+        self, conn: Connection, parameters: Mapping[str, Any], columns: Mapping[str, Sequence[Any]]
+    ) -> list[Stored]:
+        if len(next(iter(columns.values()))) == 1:
+            bound = {**parameters, **{f"dibs_{column}": columns[column][0] for column in self.varying}}
+            row = conn.execute(self.single, bound).one()
+            return [Stored([row[0]], tuple(row[1:]))]
+        compiled = self._prepare(conn)
+        shared = {
+            name: self._processed(
+                conn, name, parameters[name] if name in parameters else compiled.binds[name].effective_value
+            )
+            for name in self._names
+            if not name.startswith("dibs_") or name[5:] not in self.varying
+        }
+        row_template = [shared.get(name) for name in self._names]
+        width = len(self._names)
+        found: list[Stored] = []
+        for start, end in chunks(columns, self._rows):
+            flat = row_template * (end - start)
+            for column in self.varying:
+                values = columns[column][start:end]
+                processor = (
+                    compiled.binds[f"dibs_{column}"].type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
+                )
+                flat[self._names.index(f"dibs_{column}") :: width] = (
+                    values if processor is None else list(map(processor, values))
+                )
+            ids = sorted(conn.exec_driver_sql(self._statement(end - start), tuple(flat)).scalars())
+            found.append(Stored(ids, tuple(conn.execute(self._read, {"dibs_first_id": ids[0]}).one())))
+        return found

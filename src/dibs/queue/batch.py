@@ -1,0 +1,176 @@
+"""Enqueueing jobs of one task with the same options: the options checked once, the jobs inserted by column.
+
+The jobs of one call differ only in their arguments (and the ordering key a task derives from them), so the
+options are checked for the first job alone and every other job costs its JSON, its ordering key and the
+check that its arguments fit the function. The backend inserts them in as few statements as it can (see
+:mod:`dibs.dialects.batch`), and each returned :class:`~dibs.Job` is made from what the call knows and the
+ids and times the database gave back, without reading the rows again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import MISSING, fields
+from typing import Any, NamedTuple
+from weakref import WeakKeyDictionary
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection, Dialect
+from sqlalchemy.sql import ColumnElement
+
+from dibs._checks import checked_text
+from dibs._errors import InvalidArgument
+from dibs.dialects import Backend, backend_for
+from dibs.dialects.base import resolve_times
+from dibs.dialects.batch import BatchInsert
+from dibs.queue.dependencies import link
+from dibs.queue.enqueue import KEY_LIMIT, NewJob, checked_arguments, encoded_args, insert_jobs, new_job, refresh
+from dibs.queue.job import Job
+from dibs.queue.task import Task
+from dibs.schema import QUEUED, aware, jobs
+
+_DELAY = "dibs_delay"
+_RUN_AT = "dibs_run_at"
+#: The columns every job of a call shares, bound once per statement.
+_SHARED = ("task", "queue", "priority", "status", "max_attempts", "dedupe_key", "tag", "on_parent_failure")
+#: What a job holds when it was just inserted, beyond what the call gave: every field's default, and these.
+_FRESH = {
+    **{field.name: field.default for field in fields(Job) if field.default is not MISSING},
+    "attempts": 0,
+    "started_at": None,
+    "finished_at": None,
+    "last_error": None,
+    "lease_owner": None,
+    "cancel_requested": False,
+}
+
+
+class Batch(NamedTuple):
+    """The checked jobs of one call: the first whole, the others by their arguments' JSON and keys."""
+
+    first: NewJob
+    args: list[str]
+    #: Each job's ordering key where the task derives it from the arguments, else None (the first's).
+    keys: list[str | None] | None
+
+
+def new_batch(
+    task: Task, many_args: Iterable[Mapping[str, Any] | None], *, known_queues: frozenset[str], max_args_bytes: int,
+    **options: Any,
+) -> Batch | None:  # fmt: skip
+    """Check the jobs of one call (None for none); InvalidArgument saying what to change for the first bad one."""
+    given = iter(many_args)
+    first_args = next(given, _NONE)
+    if first_args is _NONE:
+        return None
+    first = new_job(task, first_args, known_queues=known_queues, max_args_bytes=max_args_bytes, **options)
+    derived = options.get("ordering_key") is None and task.ordering_key is not None
+    args = [first.values["args"]]
+    keys: list[str | None] | None = [first.values["ordering_key"]] if derived else None
+    for each in given:
+        arguments = task.dumped(checked_arguments(task, {} if each is None else each))
+        args.append(encoded_args(task, arguments, max_args_bytes))
+        if keys is not None:
+            key = task.key_for(arguments)
+            if key is not None:
+                checked_text(key, "ordering_key", KEY_LIMIT)
+            keys.append(key)
+        refusal = task.refusal(arguments)
+        if refusal is not None:
+            raise InvalidArgument(f"the arguments of a {task.name!r} job do not fit the task: {refusal}")
+    return Batch(first, args, keys)
+
+
+_NONE: Any = object()
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def jobs_of(batch: Batch) -> list[NewJob]:
+    """The batch as one NewJob each, for the inserts that go job by job."""
+    first = batch.first
+    keys = batch.keys or [first.values["ordering_key"]] * len(batch.args)
+    return [
+        NewJob(values={**first.values, "args": args, "ordering_key": key}, delay=first.delay,
+               run_at=first.run_at, parents=first.parents)
+        for args, key in zip(batch.args, keys, strict=True)
+    ]  # fmt: skip
+
+
+#: The batch INSERT of each engine's dialect, by (timed by run_at, ordering keys per job, channel).
+_inserts: WeakKeyDictionary[Dialect, dict[tuple[bool, bool, str | None], BatchInsert | None]] = WeakKeyDictionary()
+
+
+def _insert(conn: Connection, backend: Backend, batch: Batch, channel: str | None) -> BatchInsert | None:
+    shape = (batch.first.run_at is not None, batch.keys is not None, channel)
+    known = _inserts.setdefault(conn.dialect, {})
+    if shape not in known:
+        timed = batch.first.run_at is not None
+        run_at = sa.bindparam(_RUN_AT, type_=jobs.c.run_at.type) if timed else backend.after(_DELAY)
+        varying = ["args", "ordering_key"] if batch.keys is not None else ["args"]
+        shared: dict[str, ColumnElement[Any]] = {
+            name: sa.bindparam(name, type_=jobs.c[name].type)
+            for name in (*_SHARED, "ordering_key")
+            if name not in varying
+        }
+        shared.update(run_at=run_at, enqueued_at=backend.now())
+        read = [jobs.c.run_at, jobs.c.enqueued_at]
+        known[shape] = backend.batch_insert(conn.dialect, jobs, shared, varying, read, channel)
+    return known[shape]
+
+
+def insert_batch(conn: Connection, batch: Batch, channel: str | None) -> list[Job]:
+    """Insert the batch on ``conn`` (in its transaction); returns its jobs as stored, in order."""
+    first = batch.first
+    backend = backend_for(conn.dialect)
+    insert = None if first.values["dedupe_key"] is not None else _insert(conn, backend, batch, channel)
+    if insert is None:  # each job with a dedupe key is looked for on its own, as are rows of drivers without ids
+        return insert_jobs(conn, jobs_of(batch), channel)
+    parameters = {name: first.values[name] for name in (*_SHARED, "ordering_key")}
+    if first.run_at is None:
+        parameters[_DELAY] = backend.after_value(first.delay or 0.0)
+    else:
+        parameters[_RUN_AT] = backend.utc_value(first.run_at)
+    if channel is not None and first.values["status"] == QUEUED:
+        parameters["dibs_payload"] = first.values["queue"]
+    columns: dict[str, list[Any]] = {"args": batch.args}
+    if batch.keys is not None:
+        columns["ordering_key"] = batch.keys
+    stored = insert.run(conn, resolve_times(parameters), columns)
+    made = _jobs(batch, stored)
+    if first.parents:
+        return _linked(conn, backend, made, first.parents, channel)
+    return made
+
+
+def _jobs(batch: Batch, stored: list[Any]) -> list[Job]:
+    first = batch.first
+    base = {**_FRESH, **first.values}
+    del base["on_parent_failure"]
+    keys = iter(batch.keys) if batch.keys is not None else None
+    args = iter(batch.args)
+    # The JSON was made by the encoder, without whitespace around it: the decoder's scanner reads it alone.
+    scan = _SCAN
+    made: list[Job] = []
+    for ids, (run_at, enqueued_at) in stored:
+        fields = {**base, "run_at": aware(run_at), "enqueued_at": aware(enqueued_at)}
+        for job_id in ids:
+            fields["id"], fields["args"] = job_id, scan(next(args), 0)[0]
+            if keys is not None:
+                fields["ordering_key"] = next(keys)
+            made.append(Job.made(fields))
+    return made
+
+
+def _linked(
+    conn: Connection, backend: Backend, made: list[Job], parents: tuple[int, ...], channel: str | None
+) -> list[Job]:
+    """The jobs, linked to the parents they wait for: linking queues (or cancels) those whose parents finished."""
+    link(conn, [(job.id, parents) for job in made])
+    stored: list[Job | None] = list(made)
+    refresh(conn, stored, {job.id for job in made})
+    found = [job for job in stored if job is not None]
+    notify = backend.notify(channel) if channel else None
+    if notify is not None and any(job.status == QUEUED for job in found):
+        conn.execute(notify, {"dibs_payload": found[0].queue})
+    return found

@@ -1,0 +1,179 @@
+"""Batch enqueue: the jobs returned are the rows stored, in order, across as many statements as a batch
+takes, with per-job ordering keys, schedules and parents; all or nothing in a caller's transaction; and on
+PostgreSQL the one notification that wakes workers travels with the insert, only for jobs ready now."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import sqlalchemy as sa
+
+import dibs
+from dibs.dialects import unnest
+from dibs.queue.enqueue import CHANNEL
+from dibs.queue.job import Job
+from dibs.schema import jobs
+from tests.helpers.targets import ASYNC_DRIVERS, with_driver
+from tests.queue.database import QueueDatabase
+from tests.queue.support import job_count
+
+#: Enough jobs for several statements of a multi-row VALUES batch (512 rows at most each).
+MANY = 1300
+
+
+class Rollback(Exception):
+    """Raised to roll a transaction back."""
+
+
+def stored(qdb: QueueDatabase) -> list[Job]:
+    with qdb.engine.connect() as conn:
+        return [Job.from_row(row) for row in conn.execute(sa.select(jobs).order_by(jobs.c.id))]
+
+
+def shop_app(qdb: QueueDatabase) -> tuple[dibs.App, dibs.Task]:
+    app = qdb.app(queues=["bulk"])
+
+    @app.task(name="shop.reindex", ordering_key="shop")
+    def reindex(shop: int, note: str = "") -> None:
+        return None
+
+    return app, reindex
+
+
+def test_a_batch_returns_its_jobs_exactly_as_stored_in_order(qdb: QueueDatabase) -> None:
+    app, reindex = shop_app(qdb)
+    args = [{"shop": n % 7, "note": f"ré-{n} ✓"} for n in range(MANY)]
+    now = app.enqueue_many(reindex, args)
+    later = app.enqueue_many(reindex, args[:3], delay=3600, priority=5, tag="night", max_attempts=2)
+    at = datetime(2031, 5, 4, 3, 2, 1, 123456, tzinfo=timezone.utc)
+    timed = app.enqueue_many(reindex, args[:2], run_at=at, queue="bulk", ordering_key="fixed")
+    assert stored(qdb) == [*now, *later, *timed]
+    assert [job.args for job in now] == args
+    assert [job.ordering_key for job in now[:8]] == ["0", "1", "2", "3", "4", "5", "6", "0"]
+    assert {job.status for job in now} == {"queued"}
+    assert {(job.status, job.priority, job.tag, job.max_attempts) for job in later} == {("scheduled", 5, "night", 2)}
+    assert abs(later[0].run_at - later[0].enqueued_at - timedelta(hours=1)) < timedelta(seconds=1)
+    assert {(job.run_at, job.queue, job.ordering_key) for job in timed} == {(at, "bulk", "fixed")}
+    assert app.enqueue_many(reindex, []) == []
+
+
+def test_a_batch_after_other_jobs_waits_for_them_and_is_queued_when_they_are_done(qdb: QueueDatabase) -> None:
+    app, reindex = shop_app(qdb)
+    parent = app.enqueue(reindex, {"shop": 1})
+    waiting = app.enqueue_many(reindex, [{"shop": 2}, {"shop": 3}], after=[parent])
+    assert {(job.status, job.ordering_key) for job in waiting} == {("waiting", "2"), ("waiting", "3")}
+    assert stored(qdb)[1:] == waiting
+    qdb.drain(app)
+    assert {app.get(job.id).status for job in waiting} == {"succeeded"}
+    ready = app.enqueue_many(reindex, [{"shop": 4}, {"shop": 5}], after=[parent.id])  # a parent that succeeded
+    assert {job.status for job in ready} == {"queued"}
+    assert stored(qdb)[3:] == ready
+
+
+def test_a_batch_rolled_back_with_the_callers_transaction_leaves_nothing(qdb: QueueDatabase) -> None:
+    app, reindex = shop_app(qdb)
+    with contextlib.suppress(Rollback), qdb.engine.begin() as conn:
+        made = app.enqueue_many(reindex, [{"shop": n} for n in range(MANY)], conn=conn)
+        assert len(made) == MANY
+        raise Rollback
+    assert job_count(qdb.engine) == 0
+    with qdb.engine.begin() as conn:
+        kept = app.enqueue_many(reindex, [{"shop": n} for n in range(MANY)], conn=conn)
+    assert stored(qdb) == kept
+
+
+def test_a_bad_job_late_in_a_batch_writes_none_of_it(qdb: QueueDatabase) -> None:
+    app, reindex = shop_app(qdb)
+    args: list[dict[str, object]] = [{"shop": n} for n in range(MANY)]
+    with pytest.raises(dibs.InvalidArgument, match="orders its jobs by the argument 'shop'"):
+        app.enqueue_many(reindex, [*args, {"note": "no shop"}])
+    with pytest.raises(dibs.InvalidArgument, match="do not fit the task"):
+        app.enqueue_many(reindex, [*args, {"shop": 1, "colour": "red"}])
+    with pytest.raises(dibs.InvalidArgument, match="ordering_key must be"):
+        app.enqueue_many(reindex, [*args, {"shop": "x" * 300}])
+    assert job_count(qdb.engine) == 0
+
+
+def test_aenqueue_many_returns_the_stored_jobs_alone_and_in_an_async_transaction(qdb: QueueDatabase) -> None:
+    app, reindex = shop_app(qdb)
+    engine = dibs.create_async_engine(with_driver(qdb.url, ASYNC_DRIVERS[qdb.family]))
+
+    async def scenario() -> list[Job]:
+        try:
+            alone = await app.aenqueue_many(reindex, [{"shop": n} for n in range(600)])
+            with contextlib.suppress(Rollback):
+                async with engine.begin() as conn:
+                    await app.aenqueue_many(reindex, [{"shop": n} for n in range(600)], conn=conn)
+                    raise Rollback
+            async with engine.begin() as conn:
+                joined = await app.aenqueue_many(reindex, [{"shop": n} for n in range(600)], conn=conn, delay=60)
+                one = await app.aenqueue(reindex, {"shop": 9}, conn=conn)
+            return [*alone, *joined, one]
+        finally:
+            await engine.dispose()
+
+    made = asyncio.run(scenario())
+    assert stored(qdb) == made
+
+
+def test_a_postgresql_batch_longer_than_one_statement_keeps_its_order(
+    qdb: QueueDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if qdb.family != "postgresql":
+        pytest.skip("the array statement is PostgreSQL's")
+    monkeypatch.setattr(unnest, "ROWS_LIMIT", 100)
+    app, reindex = shop_app(qdb)
+    made = app.enqueue_many(reindex, [{"shop": n} for n in range(450)])
+    assert stored(qdb) == made
+    assert [job.args["shop"] for job in made] == list(range(450))
+
+
+def heard_probe(qdb: QueueDatabase, heard: list[str], lock: threading.Lock) -> None:
+    """Notify until the listener hears it (it listens once its thread has connected), then forget it."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with qdb.engine.begin() as conn:
+            conn.execute(sa.select(sa.func.pg_notify(CHANNEL, "probe")))
+        time.sleep(0.1)
+        with lock:
+            if "probe" in heard:
+                heard.clear()
+                return
+    raise AssertionError("the listener never heard a notification")
+
+
+def test_postgresql_workers_are_woken_once_per_enqueue_of_jobs_ready_now(qdb: QueueDatabase) -> None:
+    app, reindex = shop_app(qdb)
+    heard: list[str] = []
+    lock = threading.Lock()
+
+    def woken(payload: str) -> None:
+        with lock:
+            heard.append(payload)
+
+    listener = app.store.backend.listen(app.engine, CHANNEL, woken)
+    if listener is None:
+        pytest.skip("this database sends no notifications; workers poll")
+    try:
+        heard_probe(qdb, heard, lock)
+        app.enqueue(reindex, {"shop": 1}, delay=60)  # not ready: nothing to wake for
+        app.enqueue_many(reindex, [{"shop": 2}], run_at=datetime.now(timezone.utc) + timedelta(minutes=5))
+        app.enqueue(reindex, {"shop": 3}, queue="bulk")
+        app.enqueue_many(reindex, [{"shop": n} for n in range(50)])
+        with qdb.engine.begin() as conn:
+            app.enqueue(reindex, {"shop": 4}, conn=conn)
+            time.sleep(0.5)
+            with lock:
+                assert heard == ["bulk", "default"]  # the caller's job is not committed yet
+        deadline = time.monotonic() + 10
+        while len(heard) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        assert heard == ["bulk", "default", "default"]
+    finally:
+        listener.close()
