@@ -170,6 +170,9 @@ class Backend(Protocol):
 class Listener(Protocol):
     """A running subscription to database notifications."""
 
+    #: Whether notifications arrive now (False until it listens, and while it reconnects after a drop).
+    listening: bool
+
     def close(self) -> None:
         """Stop listening and release the connection."""
         ...

@@ -239,13 +239,16 @@ class Notifications:
     """LISTEN on one channel, on a connection of its own, from a daemon thread.
 
     The connection is made by the engine's pool, then detached from it (so the pool keeps its full size),
-    and closed when listening stops. If the connection drops, the thread reconnects.
+    and closed when listening stops. If the connection drops, the thread reconnects; ``woken("")`` is called
+    when it drops and again once it listens, so that a caller looks for what it may have missed.
     """
 
     def __init__(self, engine: Engine, channel: str, woken: Callable[[str], None]) -> None:
         self.engine = engine
         self.channel = channel
         self.woken = woken
+        #: Whether notifications arrive now: False until LISTEN took effect, and while reconnecting.
+        self.listening = False
         self._stop = threading.Event()
         # What close() sends to wake this listener at once; no queue has this name, so no worker wakes.
         self._farewell = f"dibs-listener-stop-{id(self)}-{threading.get_ident()}"
@@ -270,6 +273,7 @@ class Notifications:
         try:
             conn.autocommit = True
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            self.listening = True
             # Whatever was enqueued while (re)connecting is found by the poll this wake-up triggers.
             self.woken("")
             while not self._stop.is_set():
@@ -278,12 +282,24 @@ class Notifications:
                     if notification.payload != self._farewell:
                         self.woken(notification.payload)
         finally:
+            dropped, self.listening = self.listening, False
             conn.close()
+            if dropped and not self._stop.is_set():
+                # Nothing is heard until the thread reconnects: callers go back to polling meanwhile.
+                self.woken("")
 
     def close(self) -> None:
         self._stop.set()
         # Wake the thread out of its wait for notifications instead of letting it time out (up to 0.1 s).
-        with contextlib.suppress(Exception), self.engine.connect() as conn:
-            conn.execute(sa.select(sa.func.pg_notify(self.channel, self._farewell)))
-            conn.commit()
+        # On a connection taken out of the pool and closed: a listener may close after its engine was
+        # disposed, and a connection given back to that pool would stay open until collected.
+        with contextlib.suppress(Exception):
+            raw = self.engine.raw_connection()
+            raw.detach()
+            try:
+                cursor = raw.cursor()
+                cursor.execute("SELECT pg_notify(%s, %s)", (self.channel, self._farewell))
+                raw.commit()
+            finally:
+                raw.close()
         self._thread.join(timeout=2.0)

@@ -146,6 +146,7 @@ class Administering(AppBase):
         if cancelled:
             with self._tables():
                 self.store.settle_children(self.engine, [job_id])  # the jobs waiting for it are cancelled too
+                self.store.announce(self.engine, [job_id])
         return self.get(job_id)
 
     def retry(self, job_id: int) -> Job:

@@ -39,7 +39,8 @@ class App(Registering, Workflows, Administering, Pausing):
             when first used.
         queues: Queues beyond those the tasks name (jobs may be routed to any of them).
         max_args_bytes: The most bytes of JSON one job's arguments may take.
-        notify: Whether enqueueing wakes PostgreSQL workers at once with NOTIFY.
+        notify: Whether enqueueing wakes PostgreSQL workers at once with NOTIFY, and workers announce
+            finished jobs to those waiting for their results (who then LISTEN instead of polling).
 
     Raises:
         InvalidArgument: A bad URL, queue name or ``max_args_bytes``.

@@ -39,7 +39,8 @@ class AppBase(DibsDatabase):
         self.declared_queues = frozenset(checked_name(queue, "a queue name") for queue in queues)
         #: The most bytes of JSON one job's arguments may take.
         self.max_args_bytes = checked_integer(max_args_bytes, "max_args_bytes", 1)
-        #: Whether enqueueing wakes PostgreSQL workers with NOTIFY.
+        #: Whether enqueueing wakes PostgreSQL workers with NOTIFY, and finishing jobs wakes those who wait
+        #: for their results.
         self.notify = notify
         #: Periodic job schedules by name (see :meth:`dibs.App.periodic`).
         self.schedules: dict[str, Periodic] = {}
@@ -50,7 +51,7 @@ class AppBase(DibsDatabase):
     def store(self) -> JobStore:
         """The job store on :attr:`engine`: the statements workers and the App run on the jobs table."""
         if self._store is None:
-            self._store = JobStore(self.engine)
+            self._store = JobStore(self.engine, announce=self.notify)
         return self._store
 
     @property
@@ -61,7 +62,7 @@ class AppBase(DibsDatabase):
     def _waited(self, found: list[Job]) -> list[Job]:
         """These jobs, their results waited for by the App's one shared waiter."""
         if self._results is None:
-            self._results = ResultWaiter(self.engine)
+            self._results = ResultWaiter(self.engine, listen=self.notify)
         waiter = self._results
         for job in found:
             job.waited_by(waiter)

@@ -97,10 +97,11 @@ def forget_parents(conn: Connection, children: Sequence[int]) -> None:
         conn.execute(sa.delete(job_parents).where(job_parents.c.child_id.in_(chunk)))
 
 
-def settle_children(conn: Connection, parents: Sequence[int]) -> None:
+def settle_children(conn: Connection, parents: Sequence[int]) -> list[int]:
     """Count these finished jobs as done for the children waiting for them (once per child and parent),
     queue or cancel the children that wait no more, then clear the parents' flag; in ``conn``'s
-    transaction. Children cancelled here have their own children settled too."""
+    transaction. Children cancelled here have their own children settled too. Returns the cancelled."""
+    every_cancelled: list[int] = []
     while parents:
         children: set[int] = set()
         for chunk in _chunks(parents):
@@ -118,7 +119,9 @@ def settle_children(conn: Connection, parents: Sequence[int]) -> None:
                 .where(jobs.c.id.in_(chunk), jobs.c.has_children.is_(True), jobs.c.status.in_(FINISHED))
                 .values(has_children=False)
             )
+        every_cancelled.extend(cancelled)
         parents = cancelled
+    return every_cancelled
 
 
 def _count(conn: Connection, parents: Sequence[int], children: Sequence[int]) -> list[int]:

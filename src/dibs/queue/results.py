@@ -2,12 +2,14 @@
 who wait for it.
 
 A task that returns None stores nothing: its success is written in the worker's batch as before. Any
-other value is encoded here (JSON, at most :data:`MAX_RESULT_BYTES`) and written with the job's
-completion, in the same fenced statement.
+other value is encoded here (JSON, at most :data:`MAX_RESULT_BYTES`) and written in the same batch, in the
+same transaction as the fenced completion.
 
 Many callers may wait for many jobs at once. They do not poll each on their own: :class:`ResultWaiter`
 keeps every pending wait of one App and serves them all from one thread, with one query per round for
-all the jobs waited for, backing off while nothing finishes.
+all the jobs waited for. Where the database sends notifications (PostgreSQL), the worker announces each
+batch of finished jobs on :data:`FINISHED_CHANNEL` and the waiter, listening on one connection, looks
+when a job it waits for is named; elsewhere, and while that connection is down, it polls with a backoff.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -23,15 +26,44 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from dibs._errors import InvalidArgument, JobFailed, JobNotFound, ResultTimeout
+from dibs.dialects import backend_for
+from dibs.dialects.backend import Listener
 from dibs.engine import connected
 from dibs.schema import FINISHED, SUCCEEDED, jobs
 
 #: The most bytes of JSON a task's result may take; a larger one fails the job instead.
 MAX_RESULT_BYTES = 1_000_000
-#: The waiter's first and longest pause between two looks at the jobs waited for.
+#: The waiter's first and longest pause between two looks at the jobs waited for, when it polls.
 FIRST_POLL, LONGEST_POLL = 0.01, 0.5
+#: The waiter's pause between two looks while notifications arrive: only finishes no worker announces (a
+#: lease that expired on its last attempt, a purged job) wait this long.
+LISTENING_POLL = 5.0
+#: How long the waiter's thread, and its listening connection, stay after the last wait ended: a caller
+#: that waits for one job after another does not connect and LISTEN for each.
+LINGER = 10.0
 #: Ids per query of the waiter.
 _CHUNK = 1000
+#: The channel a worker announces finished jobs on (where the database has notifications).
+FINISHED_CHANNEL = "dibs_finished"
+#: The longest payload that lists ids: PostgreSQL takes up to 8,000 bytes; a longer list is sent as "",
+#: which tells every waiter to look.
+_PAYLOAD_LIMIT = 7_900
+
+
+def finished_payload(ids: Sequence[int]) -> str:
+    """The payload announcing that these jobs finished: their ids, or "" (look at every wait) if too many."""
+    text = ",".join(map(str, ids))
+    return text if len(text) <= _PAYLOAD_LIMIT else ""
+
+
+def announced_ids(payload: str) -> set[int] | None:
+    """The job ids a finished-jobs payload names; None when it names none in particular (look at all)."""
+    if not payload:
+        return None
+    try:
+        return {int(part) for part in payload.split(",")}
+    except ValueError:  # not a payload dibs sent: look, to be safe
+        return None
 
 
 def encoded_result(value: Any, limit: int = MAX_RESULT_BYTES) -> str:
@@ -82,16 +114,34 @@ Deliver = Callable[[Finished], None]
 class ResultWaiter:
     """Every pending wait for a job's result on one engine, served by one thread with one query per round.
 
+    Where the backend has notifications (and ``listen``), one connection LISTENs for announced finished jobs
+    and a round runs when one of the jobs waited for is named, with a look every ``listening_poll`` seconds
+    besides; otherwise, and while that connection is down, rounds back off from 10 ms to ``poll`` seconds.
+
     Args:
         engine: The database of the jobs.
+        listen: Whether to listen for notifications where the database has them.
+        poll: The longest pause between two rounds when polling.
+        listening_poll: The pause between two rounds while notifications arrive.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(
+        self, engine: Engine, *, listen: bool = True, poll: float = LONGEST_POLL, listening_poll: float = LISTENING_POLL
+    ) -> None:
         self.engine = engine
+        self.listen = listen
+        self.poll, self.listening_poll = poll, listening_poll
         self._lock = threading.Lock()
         self._waits: dict[int, list[Deliver]] = {}
         self._thread: threading.Thread | None = None
         self._new = threading.Event()
+        self._listener: Listener | None = None
+
+    @property
+    def listening(self) -> bool:
+        """Whether notifications of finished jobs reach this waiter now."""
+        listener = self._listener
+        return listener is not None and listener.listening
 
     def wait(self, job_id: int, timeout: float | None) -> Finished:
         """Block until the job finished (or is gone); ResultTimeout after ``timeout`` seconds."""
@@ -146,14 +196,29 @@ class ResultWaiter:
                     del self._waits[job_id]
 
     def _serve(self) -> None:
+        listener = None
+        if self.listen:
+            listener = backend_for(self.engine.dialect).listen(self.engine, FINISHED_CHANNEL, self._announced)
+        self._listener = listener
+        try:
+            self._rounds(listener)
+        finally:
+            if listener is not None:
+                listener.close()
+            with self._lock:
+                if self._listener is listener:  # not yet replaced by the listener of a thread started since
+                    self._listener = None
+
+    def _rounds(self, listener: Listener | None) -> None:
         pause = FIRST_POLL
         while True:
             with self._lock:
                 ids = list(self._waits)
-                if not ids:
-                    self._thread = None
+                if not ids and not self._linger(listener):
                     return
             self._new.clear()
+            if not ids:
+                continue
             try:
                 finished = self._look(ids)
             except Exception:  # the database is away for now: the waits go on until it answers or time out
@@ -163,9 +228,40 @@ class ResultWaiter:
                     delivers = self._waits.pop(outcome.job_id, [])
                 for deliver in delivers:
                     deliver(outcome)
+            if listener is not None and listener.listening:
+                # Every finish a worker writes is announced: no need to look sooner.
+                self._new.wait(self.listening_poll)
+                pause = FIRST_POLL
+                continue
             # A new wait, or a job that just finished, starts the backoff again: others may follow soon.
             woken = self._new.wait(pause)
-            pause = FIRST_POLL if woken or finished else min(pause * 2, LONGEST_POLL)
+            pause = FIRST_POLL if woken or finished else min(pause * 2, self.poll)
+
+    def _linger(self, listener: Listener | None) -> bool:
+        """With no wait left (called with the lock held): True if a new one came within LINGER; else the
+        thread ends. Only a thread that listens lingers: it keeps its connection for the next wait."""
+        if listener is not None:
+            deadline = time.monotonic() + LINGER
+            while not self._waits and (left := deadline - time.monotonic()) > 0:
+                self._lock.release()
+                try:
+                    # A new wait sets the event after it is added: cleared here, it is seen in the check.
+                    self._new.wait(left)
+                    self._new.clear()
+                finally:
+                    self._lock.acquire()
+            if self._waits:
+                return True
+        self._thread = None
+        return False
+
+    def _announced(self, payload: str) -> None:
+        """From the listener's thread: a round at once if the payload names a job waited for (or none)."""
+        named = announced_ids(payload)
+        waits = self._waits
+        # Lookups, not an iteration over the waits another thread may change meanwhile.
+        if named is None or any(job_id in waits for job_id in named):
+            self._new.set()
 
     def _look(self, ids: Sequence[int]) -> list[Finished]:
         """The jobs of ``ids`` that finished, or are gone: one query per chunk of ids."""

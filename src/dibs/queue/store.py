@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -26,6 +27,7 @@ from dibs.dialects.base import from_now, inline
 from dibs.engine import connected, writing
 from dibs.lease import Claimer, Lease, Leases
 from dibs.queue.dependencies import forget_parents, parent_results, settle_children, unsettled_parents
+from dibs.queue.results import FINISHED_CHANNEL, finished_payload
 from dibs.schema import (
     DEAD,
     FINISHED,
@@ -123,14 +125,31 @@ class WorkLeft(NamedTuple):
 
 
 class JobStore:
-    """The queue's statements for one engine."""
+    """The queue's statements for one engine.
 
-    def __init__(self, engine: Engine) -> None:
+    Args:
+        engine: The database of the jobs.
+        announce: Whether finished jobs are announced to those waiting for their results, where the
+            database has notifications.
+    """
+
+    def __init__(self, engine: Engine, *, announce: bool = True) -> None:
         self.engine = engine
         self.backend = backend_for(engine.dialect)
         self._claimers: dict[tuple[tuple[str, ...], ...], Claimer] = {}
         # Made once: a lease write is built and compiled once per expression it holds.
         self._retry_at = self.backend.after(RETRY_DELAY)
+        self._announce = self.backend.notify(FINISHED_CHANNEL) if announce else None
+        # Fenced as the completion that follows it in the same transaction: a lost lease keeps no result.
+        self._result_write = (
+            sa.update(jobs)
+            .where(
+                jobs.c.id == sa.bindparam("dibs_job"),
+                jobs.c.lease_token == sa.bindparam("dibs_token"),
+                jobs.c.status == inline(RUNNING),
+            )
+            .values({jobs.c.result: sa.bindparam("dibs_result", type_=jobs.c.result.type)})
+        )
 
     # -- claim -------------------------------------------------------------------------------------
 
@@ -181,15 +200,46 @@ class JobStore:
 
     # -- finish ------------------------------------------------------------------------------------
 
-    def succeed(self, conn: Engine | Connection, claimed: Sequence[Lease]) -> list[Lease]:
-        """Mark jobs succeeded; returns the leases that were lost (those writes changed nothing)."""
-        return leases.complete_many(conn, claimed, status=SUCCEEDED, set={jobs.c.dedupe_key: None})
+    def succeed(
+        self, conn: Engine | Connection, claimed: Sequence[Lease], results: Sequence[tuple[Lease, str]] = ()
+    ) -> list[Lease]:
+        """Mark jobs succeeded, with the JSON ``results`` of those that returned a value, and announce them;
+        returns the leases that were lost (those writes changed nothing).
 
-    def succeed_with_result(self, conn: Engine | Connection, lease: Lease, result: str) -> bool:
-        """Mark a job succeeded with the JSON of its result, in one fenced write; False if the lease was lost."""
-        done = {jobs.c.dedupe_key: None, jobs.c.result: result}
-        lost = leases.complete_many(conn, [lease], status=SUCCEEDED, set=done)
-        return not lost
+        Without results it is one fenced statement; with some, those go first in one executemany, in the same
+        transaction, each fenced by its lease."""
+        done = {jobs.c.dedupe_key: None}
+        with connected(conn) as connection:
+            if not results:
+                lost = leases.complete_many(connection, claimed, status=SUCCEEDED, set=done)
+            else:
+                kept = [
+                    {"dibs_job": lease.key[0], "dibs_token": lease.token, "dibs_result": text}
+                    for lease, text in results
+                ]
+                with self.backend.transaction(connection):
+                    connection.execute(self._result_write, kept)
+                    lost = leases.complete_many(connection, claimed, status=SUCCEEDED, set=done)
+            self._announced(connection, claimed, lost)
+        return lost
+
+    def announce(self, conn: Engine | Connection, ids: Sequence[int]) -> None:
+        """Tell those waiting for the results of these jobs that they finished (where the database can)."""
+        if self._announce is None or not ids:
+            return
+        with connected(conn) as connection, self.backend.one_statement(connection, owned=isinstance(conn, Engine)):
+            connection.execute(self._announce, {"dibs_payload": finished_payload(ids)})
+
+    def _announced(self, conn: Connection, finished: Sequence[Lease], lost: Sequence[Lease]) -> None:
+        if self._announce is None:
+            return
+        if lost:
+            gone = {(lease.key, lease.token) for lease in lost}
+            finished = [lease for lease in finished if (lease.key, lease.token) not in gone]
+        # The finish is written: a failed announcement must not make it look unwritten (waiters still look
+        # at their next poll).
+        with contextlib.suppress(sa.exc.DBAPIError):
+            self.announce(conn, [lease.key[0] for lease in finished])
 
     def retry(self, conn: Engine | Connection, lease: Lease, delay: timedelta, error: str) -> bool:
         """Schedule the job again ``delay`` from now on the database clock; False if the lease was lost."""
@@ -203,10 +253,16 @@ class JobStore:
         return not lost
 
     def bury(self, conn: Engine | Connection, lease: Lease, error: str, status: str = DEAD) -> bool:
-        """Finish the job as dead (or cancelled) with its error kept; False if the lease was lost."""
-        lost = leases.fail_many(
-            conn, [lease], status=status, set={jobs.c.last_error: error[:ERROR_LIMIT], jobs.c.dedupe_key: None}
-        )
+        """Finish the job as dead (or cancelled) with its error kept, and announce it; False if the lease was
+        lost."""
+        with connected(conn) as connection:
+            lost = leases.fail_many(
+                connection,
+                [lease],
+                status=status,
+                set={jobs.c.last_error: error[:ERROR_LIMIT], jobs.c.dedupe_key: None},
+            )
+            self._announced(connection, [lease], lost)
         return not lost
 
     def renew(self, conn: Engine | Connection, claimed: Sequence[Lease], lease_seconds: float) -> list[Lease]:
@@ -295,11 +351,15 @@ class JobStore:
         return len(rows)
 
     def settle_children(self, conn: Engine | Connection, parents: Sequence[int]) -> None:
-        """Queue or cancel the waiting children of these finished jobs, in one transaction of its own."""
+        """Queue or cancel the waiting children of these finished jobs, in one transaction of its own, and
+        announce the cancelled."""
         if not parents:
             return
-        with connected(conn) as connection, self.backend.transaction(connection):
-            settle_children(connection, parents)
+        with connected(conn) as connection:
+            with self.backend.transaction(connection):
+                cancelled = settle_children(connection, parents)
+            with contextlib.suppress(sa.exc.DBAPIError):  # as for a finish: the waiters look again later
+                self.announce(connection, cancelled)
 
     def parent_results(self, conn: Engine | Connection, child: int) -> list[Any]:
         """The results of the jobs ``child`` waited for, in the order given to ``after=``."""

@@ -1,8 +1,10 @@
 """A worker's writes of what became of its jobs, each fenced by the job's lease.
 
 Successes are many and alike: they go to a :class:`~dibs.runtime.BatchWriter` and are written together,
-one statement per batch. Failures are few and each different (a retry has its own delay, a dead job its own
-error): each is written alone, after :func:`~dibs.queue.outcome.failed_outcome` decided what it becomes.
+one statement per batch (and, for the jobs that returned a value, one executemany of their results before
+it, in the same transaction). Failures are few and each different (a retry has its own delay, a dead job
+its own error): each is written alone, after :func:`~dibs.queue.outcome.failed_outcome` decided what it
+becomes.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class JobWrites:
         #: Prometheus metrics, when the worker serves them.
         self.metrics: Metrics | None = None
         self.successes: BatchWriter[Lease] = BatchWriter(self.write_successes, failed=self._not_written)
+        #: The JSON results of the successes waiting for their batch, by job id and lease token.
+        self.results: dict[tuple[int, int], str] = {}
         #: Outcomes being written one by one now (with the jobs waiting for them settled): a burst worker
         #: does not end while one may still queue a job.
         self.recording = 0
@@ -52,12 +56,21 @@ class JobWrites:
         held = self.keeper.held
         for lease in done:
             held.pop(lease.key, None)
+        pending = self.results
+        # Looked up only when some success of the worker returned a value: a None costs nothing here.
+        results = (
+            [(lease, pending[lease.key[0], lease.token]) for lease in done if (lease.key[0], lease.token) in pending]
+            if pending
+            else []
+        )
         try:
-            lost = await self.threads.call(self.store.succeed, self.engine, done)
+            lost = await self.threads.call(self.store.succeed, self.engine, done, results)
         except Exception:
-            # Kept, and renewed, until a later flush records them.
+            # Kept, and renewed, until a later flush records them (with their results).
             self.keeper.hold(done)
             raise
+        for lease, _ in results:
+            del pending[lease.key[0], lease.token]
         self.stats.succeeded += len(done) - len(lost)
         self.stats.lost += len(lost)
         await self._settle(done, lost)
@@ -76,43 +89,30 @@ class JobWrites:
         self.shared.wakeup.wake()
 
     async def succeeded_with(self, lease: Lease, task: Task, returned: object) -> None:
-        """Record a success whose task returned a value: the result and the completion in one fenced write.
+        """Record a success whose task returned a value: the result goes with the completion in the next batch.
         A result that is not JSON, or too large, makes the job dead with that error, and nothing else stored."""
-        self.recording += 1
-        try:
-            await self._succeeded_with(lease, task, returned)
-        finally:
-            self.recording -= 1
-
-    async def _succeeded_with(self, lease: Lease, task: Task, returned: object) -> None:
         try:
             text = encoded_result(returned)
         except InvalidArgument as problem:
-            self.keeper.held.pop(lease.key, None)
-            if not await self.threads.call(self.store.bury, self.engine, lease, error_text(problem, "")):
-                self.stats.lost += 1
-                return
-            self.stats.dead += 1
-            if self.metrics is not None:
-                self.metrics.finished(task.name, "dead")
-            log.warning("job %s (%s) dead, its result cannot be kept: %s", lease.key[0], task.name, problem)
-            await self._settle([lease])
+            self.recording += 1
+            try:
+                await self._unkept(lease, task, problem)
+            finally:
+                self.recording -= 1
             return
+        self.results[lease.key[0], lease.token] = text
+        self.successes.add(lease)
+
+    async def _unkept(self, lease: Lease, task: Task, problem: InvalidArgument) -> None:
         self.keeper.held.pop(lease.key, None)
-        try:
-            kept = await self.threads.call(self.store.succeed_with_result, self.engine, lease, text)
-        except Exception:
-            self.keeper.hold([lease])
-            raise
-        if not kept:
+        if not await self.threads.call(self.store.bury, self.engine, lease, error_text(problem, "")):
             self.stats.lost += 1
-            log.warning("job %s finished, but its lease had been taken over: its result was not kept", lease.key[0])
             return
-        self.stats.succeeded += 1
+        self.stats.dead += 1
         if self.metrics is not None:
-            self.metrics.finished(task.name, "succeeded")
+            self.metrics.finished(task.name, "dead")
+        log.warning("job %s (%s) dead, its result cannot be kept: %s", lease.key[0], task.name, problem)
         await self._settle([lease])
-        self.shared.wakeup.wake()
 
     async def _settle(self, finished: list[Lease], lost: Sequence[Lease] = ()) -> None:
         """Queue or cancel the jobs waiting for these finished ones (but the ``lost``), if they had any when

@@ -1,0 +1,197 @@
+"""Waiting for results: a notification wakes a PostgreSQL waiter at once; any number of waiters share one
+listener and one poller; results are written with their batch, one executemany per batch."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+
+import dibs
+from dibs.queue.results import FINISHED_CHANNEL, ResultWaiter
+from tests.helpers import wait_until
+from tests.queue.database import QueueDatabase
+
+
+def listens(app: dibs.App) -> bool:
+    """Whether the app's database sends notifications of finished jobs."""
+    listener = app.store.backend.listen(app.engine, FINISHED_CHANNEL, lambda payload: None)
+    if listener is None:
+        return False
+    listener.close()
+    return True
+
+
+def waiter_selects(engine: sa.Engine) -> list[str]:
+    """The waiter's looks at the jobs, as the engine sends them from now on."""
+    seen: list[str] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.startswith("SELECT dibs_jobs.id, dibs_jobs.status, dibs_jobs.result"):
+            seen.append(statement)
+
+    return seen
+
+
+def test_a_waiter_wakes_on_a_notification_long_before_its_poll(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+    if not listens(app):
+        pytest.skip("the database sends no notifications: waiters poll (see the other tests)")
+    gate = threading.Event()
+
+    @app.task(name="slow.answer")
+    def answer() -> int:
+        gate.wait(20)
+        return 42
+
+    # Polls so rare that only the worker's announcement can explain a prompt answer.
+    waiter = ResultWaiter(app.engine, poll=60.0, listening_poll=60.0)
+    job = answer.enqueue().waited_by(waiter)
+    qdb.start(app)
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(job.result(timeout=30)))
+    thread.start()
+    try:
+        wait_until(lambda: waiter.listening, what="the waiter listens")
+        time.sleep(0.3)  # its round after LISTEN is done: it now sleeps for the poll
+        released = time.monotonic()
+        gate.set()
+        thread.join(30)
+        took = time.monotonic() - released
+    finally:
+        gate.set()
+    assert got == [42]
+    assert took < 3.0, f"the waiter took {took:.2f}s to see the result"
+
+
+def test_a_thousand_waiters_share_one_listener_and_one_poller(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+
+    @app.task(name="math.triple")
+    async def triple(n: int) -> int:
+        return 3 * n
+
+    jobs = app.enqueue_many(triple, [{"n": n} for n in range(1000)])
+    waiter = ResultWaiter(app.engine)
+    connections: list[object] = []
+    sa.event.listen(app.engine, "connect", lambda dbapi_connection, record: connections.append(dbapi_connection))
+    selects = waiter_selects(app.engine)
+    notified = listens(app)
+    connections.clear()
+
+    async def main() -> list[Any]:
+        waits = [asyncio.create_task(job.waited_by(waiter).aresult(timeout=60)) for job in jobs]
+        await asyncio.sleep(0.5)  # every wait has begun (each new one starts a round)
+        selects.clear()
+        await asyncio.sleep(1.0)
+        if notified:
+            assert waiter.listening
+        # One query per round for all thousand (the ids fit one chunk), the rounds backing off (polling) or
+        # none at all (listening); a loop per waiter would send a thousand per round.
+        assert len(selects) <= (1 if notified else 10), selects
+        # One listens, one polls; the pool may make one more to replace the connection the listener took.
+        assert len(connections) <= 3
+        drained = asyncio.create_task(qdb.worker(app, burst=True, concurrency=50).arun())
+        answers = await asyncio.gather(*waits)
+        await drained
+        return answers
+
+    assert asyncio.run(main()) == [3 * n for n in range(1000)]
+
+
+def test_threads_waiting_share_the_app_waiter_and_its_rounds(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+
+    @app.task(name="math.negate")
+    def negate(n: int) -> int:
+        return -n
+
+    jobs = app.enqueue_many(negate, [{"n": n} for n in range(300)])
+    selects = waiter_selects(app.engine)
+    answers: dict[int, int] = {}
+
+    def wait(job: dibs.Job) -> None:
+        answers[job.id] = job.result(timeout=60)
+
+    threads = [threading.Thread(target=wait, args=(job,)) for job in jobs]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.5)  # every wait has begun (each new one starts a round)
+    selects.clear()
+    time.sleep(1.0)
+    assert len(selects) <= 10, "the waits are looked at together, not one by one"
+    qdb.drain(app, concurrency=30)
+    for thread in threads:
+        thread.join(60)
+    assert answers == {job.id: -n for n, job in enumerate(jobs)}
+
+
+def test_a_waiter_polls_while_its_listening_connection_is_down(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+    if not listens(app):
+        pytest.skip("the database sends no notifications: waiters always poll")
+    gate = threading.Event()
+
+    @app.task(name="slow.word")
+    def word() -> str:
+        gate.wait(20)
+        return "late"
+
+    waiter = ResultWaiter(app.engine, poll=0.2, listening_poll=60.0)
+    job = word.enqueue().waited_by(waiter)
+    qdb.start(app)
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(job.result(timeout=30)))
+    thread.start()
+    try:
+        wait_until(lambda: waiter.listening, what="the waiter listens")
+        with qdb.engine.connect() as conn:
+            killed = conn.execute(
+                sa.text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND query = :listen"
+                ),
+                {"listen": f'LISTEN "{FINISHED_CHANNEL}"'},
+            ).all()
+        assert killed
+        gate.set()
+        thread.join(30)
+    finally:
+        gate.set()
+    assert got == ["late"]
+    wait_until(lambda: waiter.listening, what="the waiter listens again")
+
+
+def test_results_are_written_with_their_batch_in_one_executemany(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+
+    @app.task(name="math.pair")
+    async def pair(n: int) -> dict[str, int]:
+        return {"n": n, "square": n * n}
+
+    @app.task(name="math.none")
+    async def none(n: int) -> None:
+        return None
+
+    with_results = app.enqueue_many(pair, [{"n": n} for n in range(200)])
+    without = app.enqueue_many(none, [{"n": n} for n in range(200)])
+    writes: list[tuple[bool, int]] = []
+
+    @sa.event.listens_for(app.engine, "before_cursor_execute")
+    def count(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        if statement.startswith("UPDATE dibs_jobs SET result="):
+            writes.append((executemany, len(parameters) if executemany else 1))
+
+    stats = qdb.drain(app, concurrency=100, batch=100)
+    assert stats.succeeded == 400
+    assert sum(rows for _, rows in writes) == 200
+    assert len(writes) < 100, f"{len(writes)} result writes for 200 results: not batched"
+    assert any(executemany for executemany, _ in writes)
+    for n, job in enumerate(with_results):
+        assert app.get(job.id).result() == {"n": n, "square": n * n}
+    assert {app.get(job.id).result_json for job in without} == {None}
