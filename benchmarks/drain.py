@@ -46,12 +46,15 @@ from benchmarks.drain_kinds import (
     GC_VARIABLE,
     KINDS,
     PEERS,
+    RETURNS,
+    RETURNS_VARIABLE,
     Trial,
     drain_app,
     drain_process,
     label,
     peer,
     peer_settings,
+    returns,
 )
 from benchmarks.drain_report import report
 from benchmarks.latency import LATENCY_WORKER, PRODUCER_RATE, describe_latency, latency
@@ -70,6 +73,8 @@ ENQUEUE_CHUNK = 5_000
 DEFAULT_JOBS = {"postgresql": 20_000, "sqlite": 20_000, "mariadb": 20_000}
 #: A trial drains min(N, JOBS_PER_BATCH x batch) jobs, so that small batches do not take minutes.
 JOBS_PER_BATCH = 250
+#: The jobs of one chain, with --returns chain.
+CHAIN_STEPS = 3
 #: Where the results go; a test points it elsewhere so that its tiny runs never join the published ones.
 RESULTS = Path(os.environ.get("DIBS_BENCH_RESULTS", Path(__file__).parent / "results"))
 
@@ -88,23 +93,42 @@ def prepare(backend: str, url: str, jobs: int) -> float:
     dibs.schema.metadata.drop_all(engine)
     app.init()
     began = time.perf_counter()
-    for first in range(0, jobs, ENQUEUE_CHUNK):
-        app.enqueue_many("noop", [payload.args(n) for n in range(first, min(first + ENQUEUE_CHUNK, jobs))])
+    enqueue_all(app, jobs)
     enqueued = jobs / (time.perf_counter() - began)
     with engine.begin() as conn:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {TEMPLATE}")
         conn.exec_driver_sql(f"CREATE TABLE {TEMPLATE} AS SELECT * FROM dibs_jobs")
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {TEMPLATE}_parents")
+        conn.exec_driver_sql(f"CREATE TABLE {TEMPLATE}_parents AS SELECT * FROM dibs_job_parents")
     engine.dispose()
     return enqueued
 
 
+def enqueue_all(app: dibs.App, jobs: int) -> None:
+    """``jobs`` jobs, alone or in chains of CHAIN_STEPS (a last, shorter chain if they do not divide)."""
+    if returns() != "chain":
+        for first in range(0, jobs, ENQUEUE_CHUNK):
+            app.enqueue_many("noop", [payload.args(n) for n in range(first, min(first + ENQUEUE_CHUNK, jobs))])
+        return
+    for first in range(0, jobs, CHAIN_STEPS):
+        steps = range(first, min(first + CHAIN_STEPS, jobs))
+        app.chain(*(dibs.Step("noop", payload.args(n)) for n in steps))
+
+
 def refill(backend: str, url: str, jobs: int) -> None:
-    """dibs_jobs holds exactly the first ``jobs`` template jobs, all queued, statistics fresh."""
+    """dibs_jobs holds exactly the first ``jobs`` template jobs, all queued (or waiting, in chains),
+    statistics fresh."""
     engine = sa.create_engine(url)
     with engine.begin() as conn:
-        conn.exec_driver_sql("DELETE FROM dibs_jobs" if backend == "sqlite" else "TRUNCATE TABLE dibs_jobs")
+        for table in ("dibs_jobs", "dibs_job_parents"):
+            conn.exec_driver_sql(f"DELETE FROM {table}" if backend == "sqlite" else f"TRUNCATE TABLE {table}")
     with engine.begin() as conn:
         conn.exec_driver_sql(f"INSERT INTO dibs_jobs SELECT * FROM {TEMPLATE} ORDER BY id LIMIT {jobs}")
+        # The links of chains whose jobs were copied (none when the jobs are not chained).
+        conn.exec_driver_sql(
+            f"INSERT INTO dibs_job_parents SELECT * FROM {TEMPLATE}_parents "
+            "WHERE child_id IN (SELECT id FROM dibs_jobs)"
+        )
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if backend == "postgresql":
             conn.exec_driver_sql("VACUUM ANALYZE dibs_jobs")
@@ -248,6 +272,12 @@ def arguments() -> argparse.ArgumentParser:
     )
     parser.add_argument("--gc", action="store_true", help="tune the GC of every worker process alike (freeze)")
     parser.add_argument("--poll", type=float, default=2.0, help="dibs worker poll seconds (its default: 2)")
+    parser.add_argument(
+        "--returns",
+        choices=RETURNS,
+        default="none",
+        help="what dibs's jobs return: none, a small dict (kept as the result), or a dict in 3-step chains",
+    )
     for name in PEERS:
         parser.add_argument(f"--{name}", default=None, help=f"{name} settings (default: its module's SETTINGS)")
     parser.add_argument("--latency-rates", default="1000,5000", help="offered jobs/s; empty skips latency")
@@ -270,6 +300,9 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"  note: {absent}", flush=True)
         kinds = [kind for kind in kinds if kind not in node.DRIVERS]
     os.environ[GC_VARIABLE] = "1" if options.gc else "0"  # the spawned workers inherit it
+    os.environ[RETURNS_VARIABLE] = options.returns
+    if options.returns != "none" and set(kinds) - {"dibs"}:
+        raise SystemExit("--returns: only the dibs kind returns values; add --kinds dibs")
     peers = {kind: peer_settings(kind, getattr(options, kind.replace("-", "_"))) for kind in PEERS if kind in kinds}
     rates = [float(rate) for rate in options.latency_rates.split(",") if rate]
     began = time.time()

@@ -20,13 +20,32 @@ BACKENDS = ("postgresql", "sqlite", "mariadb")
 GC_VARIABLE = "DIBS_BENCH_GC"
 
 
-def drain_app(url: str) -> dibs.App:
-    """The app every dibs process uses: one async no-op task."""
-    app = dibs.App(url)
+#: What the drained jobs return (``--returns``): None, a small dict (its result is kept), or a small dict
+#: in 3-step chains (each step waits for the one before and reads its result).
+RETURNS = ("none", "dict", "chain")
+#: Set for the spawned worker processes to what the run's jobs return (--returns).
+RETURNS_VARIABLE = "DIBS_BENCH_RETURNS"
 
-    @app.task(name="noop")
-    async def noop(**_: Any) -> None:
-        return None
+
+def returns() -> str:
+    """What the run's jobs return (the spawned workers read it from the environment, as ``--gc``)."""
+    return os.environ.get(RETURNS_VARIABLE, "none")
+
+
+def drain_app(url: str) -> dibs.App:
+    """The app every dibs process uses: one async task that returns nothing, or a small dict."""
+    app = dibs.App(url)
+    if returns() == "none":
+
+        @app.task(name="noop")
+        async def noop(**_: Any) -> None:
+            return None
+
+    else:
+
+        @app.task(name="noop")
+        async def answer(**args: Any) -> dict[str, Any]:
+            return {"ok": True, "order": args.get("order_id")}
 
     return app
 

@@ -84,8 +84,13 @@ class RecordingStore(JobStore):
             self.recorder.record(kind, _job(lease), token=lease.token, status=status, changed=changed)
         return lost
 
-    def succeed(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
-        return self._written("completed", held, "succeeded", lambda: super(RecordingStore, self).succeed(conn, held))
+    def succeed(
+        self, conn: Engine | Connection, held: Sequence[Lease], results: Sequence[tuple[Lease, str]] = ()
+    ) -> list[Lease]:
+        def write() -> list[Lease]:
+            return super(RecordingStore, self).succeed(conn, held, results)
+
+        return self._written("completed", held, "succeeded", write)
 
     def retry(self, conn: Engine | Connection, lease: Lease, delay: timedelta, error: str) -> bool:
         def write() -> list[Lease]:

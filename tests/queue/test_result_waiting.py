@@ -195,3 +195,27 @@ def test_results_are_written_with_their_batch_in_one_executemany(qdb: QueueDatab
     for n, job in enumerate(with_results):
         assert app.get(job.id).result() == {"n": n, "square": n * n}
     assert {app.get(job.id).result_json for job in without} == {None}
+
+
+def test_a_stale_lease_keeps_no_result_and_the_current_one_keeps_its_own(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+
+    @app.task(name="work.answer")
+    def answer() -> int:
+        return 1
+
+    job = app.enqueue(answer)
+    store, engine = app.store, app.engine
+    claim = {"limit": 1, "queues": ["default"], "tasks": ["work.answer"], "tags": []}
+    (stale,) = store.claim(engine, owner="worker-a", lease_seconds=0.3, **claim)
+    time.sleep(0.5)
+    assert store.recover_expired(engine) == (1, 0)
+    (current,) = store.claim(engine, owner="worker-b", lease_seconds=30, **claim)
+
+    # The stale worker's batch writes neither its result nor its success; in one batch with the current
+    # lease, only the current one's result is kept.
+    assert store.succeed(engine, [stale], [(stale, '"stale"')]) == [stale]
+    assert app.get(job.id).result_json is None
+    assert store.succeed(engine, [stale, current], [(stale, '"stale"'), (current, '"current"')]) == [stale]
+    done = app.get(job.id)
+    assert (done.status, done.result_json, done.result()) == ("succeeded", '"current"', "current")
