@@ -4,12 +4,14 @@ of them; the pause is recorded for a schedule no worker recorded yet, and refuse
 from __future__ import annotations
 
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 import dibs
+from dibs.queue.periodic import Periodic, stored_slot_after
 from dibs.schema import LATEST, MIGRATIONS, current_version, jobs, periodic
 from tests.queue.database import QueueDatabase
 from tests.queue.support import database_now
@@ -71,6 +73,33 @@ def test_a_paused_schedule_lets_its_slots_pass_and_a_resume_makes_up_for_none(qd
     assert app.enqueue_periodic() == 0  # its next slot has not come
     _set_next_slot(qdb.engine, "hourly", moved - HOUR)  # that slot comes now
     assert app.enqueue_periodic() == 1
+
+
+@pytest.mark.parametrize("missed", ["skip", "catch_up"])
+def test_a_resume_makes_up_for_no_slot_that_passed_while_no_worker_ran(qdb: QueueDatabase, missed: str) -> None:
+    """Workers stopped during the pause never moved the schedule on: the resume does, past the slots that came."""
+    app = _hourly(qdb, missed)
+    app.sync_periodic()
+    app.pause_periodic("hourly")
+    now = database_now(qdb.engine)
+    _set_next_slot(qdb.engine, "hourly", EPOCH + (now - EPOCH) // HOUR * HOUR - 5 * HOUR)
+    app.resume_periodic("hourly")
+    assert app.enqueue_periodic() == 0
+    assert _job_count(qdb.engine) == 0
+    assert _next_slot(qdb.engine, "hourly") == EPOCH + ((now - EPOCH) // HOUR + 1) * HOUR
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [{"every": timedelta(seconds=1.5)}, {"every": timedelta(days=36499, microseconds=7)}, {"cron": "*/15 3 * * 1"}],
+)
+def test_the_slot_a_resume_moves_to_is_the_one_the_schedule_gives(schedule: dict[str, Any]) -> None:
+    definition = Periodic(
+        name="p", task=dibs.App("sqlite:///never-opened.sqlite").task(name="t")(lambda: None), **schedule
+    )
+    moment = datetime(2026, 11, 26, 23, 7, 42, 123456, tzinfo=timezone.utc)
+    assert stored_slot_after(definition.schedule, moment) == definition.next_after(moment)
+    assert stored_slot_after("every nothing", moment) is None
 
 
 def test_a_worker_enqueues_nothing_for_a_paused_schedule(qdb: QueueDatabase) -> None:

@@ -17,9 +17,9 @@ from dibs._errors import InvalidArgument
 from dibs.dialects import backend_for
 from dibs.engine import connected, writing
 from dibs.queue.app_base import AppBase
-from dibs.queue.periodic import sync_schedules
+from dibs.queue.periodic import set_paused, sync_schedules
 from dibs.queue.task import TASK_NAME_LIMIT
-from dibs.schema import periodic, queues
+from dibs.schema import queues
 
 #: How many times a pause tries when another process inserts the same queue's row at the same moment.
 _TRIES = 3
@@ -134,15 +134,12 @@ class Pausing(AppBase):
 
     def _set_schedule_paused(self, name: str, *, paused: bool) -> None:
         chosen = checked_name(name, "a periodic job's name", TASK_NAME_LIMIT)
-        backend = backend_for(self.engine.dialect)
-        update = sa.update(periodic).where(periodic.c.name == chosen).values(paused=paused, updated_at=backend.now())
         with self._tables():
             if chosen in self.schedules:
                 # Registered here but perhaps not recorded yet (no worker started since): recorded first.
                 sync_schedules(self.engine, {chosen: self.schedules[chosen]})
-            with writing(self.engine) as conn:
-                if conn.execute(update).rowcount == 1:
-                    return
+            if set_paused(self.engine, chosen, paused=paused):
+                return
         raise InvalidArgument(
             f"no periodic job named {chosen!r} is recorded in this database: `dibs status` lists those that are "
             "(a worker records its app's schedules as it starts)"

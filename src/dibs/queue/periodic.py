@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from typing import Any
 
 import sqlalchemy as sa
@@ -85,25 +86,8 @@ class Periodic:
     def next_after(self, moment: datetime) -> datetime:
         """The first slot strictly after ``moment`` (aware)."""
         if self.every is not None:
-            # Whole timedeltas, not float seconds: exact, so the slot is always strictly after.
-            return _EPOCH + ((moment - _EPOCH) // self.every + 1) * self.every
-        return next(self._cron_after(moment))
-
-    def _cron_after(self, moment: datetime) -> Iterator[datetime]:
-        """The cron slots strictly after ``moment``, in order."""
-        try:
-            from cronsim import CronSim, CronSimError
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise InvalidArgument("cron schedules need cronsim: pip install 'dibs-sql[cron]'") from exc
-        try:
-            slots: Iterator[datetime] = CronSim(self.cron or "", moment.astimezone(timezone.utc))
-            first = next(slots)
-        except (CronSimError, StopIteration) as exc:
-            raise InvalidArgument(
-                f"{self.cron!r} is not a cron expression dibs can read ({exc}); write five fields, "
-                "minute hour day-of-month month day-of-week, such as '*/15 * * * *'"
-            ) from exc
-        return itertools.chain([first], slots)
+            return _every_after(self.every, moment)
+        return next(_cron_after(self.cron or "", moment))
 
     def slots(self, first: datetime, until: datetime) -> tuple[list[datetime], int]:
         """The slots from ``first`` (itself a slot) to ``until``, both included: the latest MAX_CATCH_UP of
@@ -117,12 +101,50 @@ class Periodic:
         # One cron iterator walks the missed slots (a year of minutes takes about a second).
         found: deque[datetime] = deque([first], maxlen=MAX_CATCH_UP)
         count = 1
-        for slot in self._cron_after(first):
+        for slot in _cron_after(self.cron or "", first):
             if slot > until:
                 break
             found.append(slot)
             count += 1
         return list(found), count
+
+
+def _every_after(every: timedelta, moment: datetime) -> datetime:
+    # Whole timedeltas, not float seconds: exact, so the slot is always strictly after.
+    return _EPOCH + ((moment - _EPOCH) // every + 1) * every
+
+
+def _cron_after(cron: str, moment: datetime) -> Iterator[datetime]:
+    """The slots of a cron expression strictly after ``moment``, in order."""
+    try:
+        from cronsim import CronSim, CronSimError
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise InvalidArgument("cron schedules need cronsim: pip install 'dibs-sql[cron]'") from exc
+    try:
+        slots: Iterator[datetime] = CronSim(cron, moment.astimezone(timezone.utc))
+        first = next(slots)
+    except (CronSimError, StopIteration) as exc:
+        raise InvalidArgument(
+            f"{cron!r} is not a cron expression dibs can read ({exc}); write five fields, "
+            "minute hour day-of-month month day-of-week, such as '*/15 * * * *'"
+        ) from exc
+    return itertools.chain([first], slots)
+
+
+def stored_slot_after(schedule: str, moment: datetime) -> datetime | None:
+    """The first slot strictly after ``moment`` of a schedule as the table holds it (see Periodic.schedule);
+    None for a text this dibs does not write."""
+    kind, _, rest = schedule.partition(" ")
+    if kind == "cron":
+        return next(_cron_after(rest, moment))
+    if kind == "every" and rest.endswith("s"):
+        try:
+            microseconds = int(Decimal(rest[:-1]) * 1_000_000)
+        except (ArithmeticError, ValueError):  # not a number, or NaN
+            return None
+        if microseconds > 0:
+            return _every_after(timedelta(microseconds=microseconds), moment)
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -208,6 +230,28 @@ def sync_schedules(engine: Engine, schedules: Mapping[str, Periodic]) -> None:
                     .where(periodic.c.name == name, periodic.c.schedule == stored[name])
                     .values(**values)
                 )
+
+
+def set_paused(engine: Engine, name: str, *, paused: bool) -> bool:
+    """Pause or resume the schedule recorded as ``name``; False when none is. A resume moves a schedule whose
+    slot came while it was paused on to its next slot: no worker did while none ran."""
+    backend = backend_for(engine.dialect)
+    with writing(engine) as conn:
+        row = conn.execute(
+            sa.select(periodic.c.schedule, periodic.c.next_slot_at, periodic.c.paused)
+            .where(periodic.c.name == name)
+            .with_for_update()
+        ).first()
+        if row is None:
+            return False
+        values: dict[str, Any] = {"paused": paused, "updated_at": backend.now()}
+        now = _database_now(conn)
+        if row.paused and not paused and aware(row.next_slot_at) <= now:
+            following = stored_slot_after(row.schedule, now)
+            if following is not None:
+                values["next_slot_at"] = _stored(conn, following)
+        conn.execute(sa.update(periodic).where(periodic.c.name == name).values(**values))
+    return True
 
 
 def enqueue_due(engine: Engine, schedules: Mapping[str, Periodic], notify_channel: str | None) -> int:
