@@ -34,6 +34,13 @@ runs = sa.Table(
     sa.Column("job_id", sa.BigInteger, nullable=False),
     sa.Column("event", sa.String(20), nullable=False),
 )
+#: Counters a transactional task increments in its transaction.
+counters = sa.Table(
+    "dibs_test_counters",
+    test_metadata,
+    sa.Column("name", sa.String(50), primary_key=True),
+    sa.Column("n", sa.Integer, nullable=False),
+)
 
 
 def family_of(url: sa.URL | Engine) -> str:

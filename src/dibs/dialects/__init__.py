@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from weakref import WeakKeyDictionary
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
 from dibs._errors import InvalidArgument
@@ -20,7 +21,16 @@ from dibs.dialects.request import ClaimRequest, ClaimStrategy
 from dibs.dialects.sqlite import SQLite, SQLiteClaim
 from dibs.dialects.versions import server_version
 
-__all__ = ["STRATEGIES", "Backend", "ClaimRequest", "ClaimStrategy", "backend_for", "backend_named", "strategy_for"]
+__all__ = [
+    "STRATEGIES",
+    "Backend",
+    "ClaimRequest",
+    "ClaimStrategy",
+    "async_url",
+    "backend_for",
+    "backend_named",
+    "strategy_for",
+]
 
 _BACKENDS: dict[str, Backend] = {
     "postgresql": PostgreSQL(),
@@ -50,6 +60,18 @@ def backend_for(dialect: Dialect) -> Backend:
 def backend_named(name: str) -> Backend:
     """The backend for a dialect name such as ``"postgresql"`` (a URL's backend name)."""
     return _BACKENDS.get(name, _PORTABLE)
+
+
+def async_url(url: sa.URL) -> sa.URL:
+    """The URL of the same database through the asyncio driver dibs uses for its family; InvalidArgument
+    for a family dibs knows no asyncio driver of."""
+    backend = backend_named(url.get_backend_name())
+    if backend.async_driver is None:
+        raise InvalidArgument(
+            f"dibs knows no asyncio driver for {url.get_backend_name()!r} databases, which an async transactional "
+            "task needs; make the task a sync function, or use PostgreSQL, SQLite, MySQL or MariaDB"
+        )
+    return url.set(drivername=f"{url.get_backend_name()}+{backend.async_driver}")
 
 
 def strategy_for(dialect: Dialect, name: str | None = None) -> ClaimStrategy:

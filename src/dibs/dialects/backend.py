@@ -41,6 +41,9 @@ class Backend(Protocol):
     default_worker_connections: int
     #: CREATE INDEX takes a WHERE clause, so an index can leave out the rows no query looks for.
     partial_indexes: bool
+    #: The asyncio driver dibs opens for an engine of this family when it needs an async connection (an
+    #: async transactional task's); None where dibs knows none.
+    async_driver: str | None
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
         """The fastest correct strategy this server supports (warns when it has to fall back)."""
@@ -49,6 +52,11 @@ class Backend(Protocol):
     def transaction(self, conn: Connection) -> AbstractContextManager[None]:
         """The transaction a multi-statement claim runs in, opened and committed (or rolled back) here."""
         ...
+
+    def begin_writing(self, conn: Connection) -> None:
+        """In the transaction just begun on ``conn`` (an async connection's, through ``run_sync``), take the
+        write lock up front where the database has only one (SQLite), so that the transaction waits for it
+        at the start instead of failing at its first write; nothing elsewhere."""
 
     def writing(self, conn: Connection) -> AbstractContextManager[Any]:
         """A transaction of dibs's own that writes (an enqueue, a cancel), opened and committed here."""
@@ -187,6 +195,10 @@ class BackendDefaults:
     partial_indexes = False
     #: The most parameters one statement may bind.
     parameters_limit = PARAMETERS_LIMIT
+    async_driver: str | None = None
+
+    def begin_writing(self, conn: Connection) -> None:
+        return None
 
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         return None

@@ -108,6 +108,7 @@ class MySQL(BackendDefaults):
     """MySQL 8.0.1+ and MariaDB 10.6+ natively; older servers fall back to the portable strategy."""
 
     name = "mysql"
+    async_driver: str | None = "asyncmy"
     atomic_statements = False
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:

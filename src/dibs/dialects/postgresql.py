@@ -114,6 +114,7 @@ class PostgreSQL(BackendDefaults):
     """PostgreSQL 9.5 and later natively; older servers fall back to the portable strategy."""
 
     name = "postgresql"
+    async_driver: str | None = "psycopg"
     atomic_statements = True
     partial_indexes = True
 

@@ -161,6 +161,7 @@ class SQLite(AppClock, BackendDefaults):
     default_worker_connections = 1
     partial_indexes = True
     parameters_limit = 32_766 if sqlite3.sqlite_version_info >= (3, 32) else 999
+    async_driver: str | None = "aiosqlite"
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
         version = server_version(dialect)
@@ -181,6 +182,11 @@ class SQLite(AppClock, BackendDefaults):
             if not _driver_in_transaction(conn.connection.dbapi_connection):
                 driver.execute(conn, _BEGIN_IMMEDIATE, {})
             yield
+
+    def begin_writing(self, conn: Connection) -> None:
+        """``BEGIN IMMEDIATE``, unless the driver already opened the transaction (see transaction)."""
+        if not _driver_in_transaction(conn.connection.dbapi_connection):
+            driver.execute(conn, _BEGIN_IMMEDIATE, {})
 
     def writing(self, conn: Connection) -> AbstractContextManager[None]:
         """The write lock taken up front, in turn (see transaction)."""

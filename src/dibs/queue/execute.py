@@ -10,7 +10,7 @@ import json
 import logging
 import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +23,7 @@ from dibs.queue.progress import ProgressWrites
 from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, HAS_PARENTS_AT, ID_AT, TASK_AT
 from dibs.queue.task import Task
 from dibs.queue.typed_arguments import Mismatch
+from dibs.queue.transactional import Ran, TransactionalContext, Transactions
 from dibs.queue.writes import JobWrites
 
 log = logging.getLogger("dibs.worker")
@@ -79,6 +80,8 @@ class Runners:
         self._held = writes.keeper.held
         self._succeeded = writes.successes.add
         self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="dibs-task")
+        #: Where transactional tasks write.
+        self.transactions = Transactions(writes.engine, writes.store)
         #: What the running jobs report of their progress, written once a second.
         self.progress = ProgressWrites(writes.shared, self._lease_of)
 
@@ -97,8 +100,7 @@ class Runners:
         running = self.running.get(job_id)
         if running is None:
             return
-        running.context.stop(reason)
-        if running.task.is_async and running.runner is not None:
+        if running.context.stop(reason) and running.task.is_async and running.runner is not None:
             running.runner.cancel()
 
     async def stop(self, runners: list[asyncio.Task[None]], *, grace: float, hurry: Any) -> int:
@@ -150,7 +152,9 @@ class Runners:
         if isinstance(args, str):  # not arguments at all: written by something other than enqueue
             await self.writes.reject(lease, task, f"the arguments stored for job {job_id} ({task.name}) {args}")
             return
-        context = JobContext(job_id, task.name, row[ATTEMPTS_AT], args)
+        context = (TransactionalContext if task.transactional else JobContext)(
+            job_id, task.name, row[ATTEMPTS_AT], args
+        )
         if task.typed:
             try:
                 args = task.loaded(args)
@@ -166,15 +170,21 @@ class Runners:
             context.parent_results = await writes.threads.call(writes.store.parent_results, writes.engine, job_id)
         self.running[job_id] = _Running(lease, task, context, runner)
         kwargs = {**args, "context": context} if task.wants_context else args
+        function = task.function
+        if task.transactional:
+            function = self.transactions.call(lease, function, task.is_async, context)
         started = time.perf_counter()
         try:
-            error, formatted, returned = await self._execute(task, kwargs, context)
+            error, formatted, returned = await self._execute(task, function, kwargs, context)
         finally:
             # Out of `running` before anything else is awaited: a cancellation aimed at this job can no
             # longer land in the writes that record its outcome.
             self.running.pop(job_id, None)
         if self.metrics is not None:
             self.metrics.ran(task.name, time.perf_counter() - started)
+        if task.transactional and error is None:
+            await self._transacted(lease, task, context, returned)
+            return
         if error is None and context.stop_reason != "cancelled":
             if returned is None:
                 self._succeeded(lease)
@@ -190,26 +200,42 @@ class Runners:
         stopped = error if error is not None else asyncio.CancelledError("cancelled")
         await self.writes.failed(lease, task, context.stop_reason, stopped, formatted)
 
-    async def _execute(self, task: Task, kwargs: dict[str, Any], context: JobContext) -> Raised:
-        """Run the task's function; returns what it raised (None if it returned), the traceback, and what it
-        returned."""
+    async def _transacted(self, lease: Lease, task: Task, context: JobContext, ran: Ran) -> None:
+        """Record how a transactional run whose function returned ended (its completion, if it committed,
+        was written in its transaction)."""
+        if ran.ending == "committed":
+            self.writes.committed(lease, task)
+        elif ran.ending == "lost":
+            self.writes.fenced_out(lease)
+        elif ran.problem is not None:
+            await self.writes.unkept(lease, task, ran.problem)
+        else:
+            reason = context.stop_reason
+            stopped = timed_out(task) if reason == "timeout" else asyncio.CancelledError(reason)
+            await self.writes.failed(lease, task, reason, stopped, "")
+
+    async def _execute(
+        self, task: Task, function: Callable[..., Any], kwargs: dict[str, Any], context: JobContext
+    ) -> Raised:
+        """Run the task's function (or ``function`` standing for it); returns what it raised (None if it
+        returned), the traceback, and what it returned."""
         began = time.monotonic()
         try:
             if task.is_async:
                 if task.timeout is None:
-                    returned = await task.function(**kwargs)
+                    returned = await function(**kwargs)
                 else:
-                    returned = await asyncio.wait_for(task.function(**kwargs), task.timeout)
+                    returned = await asyncio.wait_for(function(**kwargs), task.timeout)
             else:
                 # Inline rather than a helper: a sync job's run is the hot path, and a helper coroutine would
                 # cost one more object per job.
-                call = asyncio.get_running_loop().run_in_executor(self._threads, lambda: task.function(**kwargs))
+                call = asyncio.get_running_loop().run_in_executor(self._threads, lambda: function(**kwargs))
                 if task.timeout is not None:
                     await asyncio.wait({call}, timeout=task.timeout)
-                    if not call.done():
-                        # A thread cannot be stopped from outside: the job is asked to stop and keeps its
-                        # lease (renewed) until its function returns, so it never runs twice at once.
-                        context.stop("timeout")
+                    # A thread cannot be stopped from outside: the job is asked to stop and keeps its
+                    # lease (renewed) until its function returns, so it never runs twice at once. A
+                    # transactional job that is committing already cannot be stopped: it finishes.
+                    if not call.done() and context.stop("timeout"):
                         with contextlib.suppress(Exception):
                             await call
                         raise timed_out(task)

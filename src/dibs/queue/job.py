@@ -210,6 +210,21 @@ class JobContext:
         self._on_progress: Callable[[JobContext], None] | None = None
 
     @property
+    def conn(self) -> Any:
+        """The connection of the job's transaction, in a transactional task (``@app.task(transactional=True)``):
+        a SQLAlchemy ``Connection``, or an ``AsyncConnection`` for an async task. What the function writes
+        through it commits with the job's completion, or not at all.
+
+        Raises:
+            InvalidArgument: The task is not transactional.
+        """
+        raise InvalidArgument(
+            f"context.conn is given only to transactional tasks, and task {self.task!r} is not one; register it "
+            "with @app.task(transactional=True) to have its writes through context.conn commit with the job's "
+            "completion"
+        )
+
+    @property
     def should_stop(self) -> bool:
         """True once the job was asked to stop; a long job checks it and returns (or raises) early."""
         return self.stop_reason is not None
@@ -262,13 +277,17 @@ class JobContext:
         """Call ``on_progress`` with this context at each :meth:`progress` report (the worker does this)."""
         self._on_progress = on_progress
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str) -> bool:
         """Ask the job to stop (the worker calls this).
 
         Args:
             reason: Why, as :attr:`stop_reason` then tells the job.
+
+        Returns:
+            Whether the job is to be stopped; False once it is too late (a transactional job committing).
         """
         if self.stop_reason is None:
             self.stop_reason = reason
             if self._event is not None:
                 self._event.set()
+        return True

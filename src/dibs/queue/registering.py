@@ -46,6 +46,7 @@ class Registering(Enqueueing):
         timeout: timedelta | float | None = None,
         ordering_key: OrderingKey = None,
         tag: str | None = None,
+        transactional: bool = False,
     ) -> Callable[[F], Task]: ...
 
     def task(  # type: ignore[misc]
@@ -61,6 +62,7 @@ class Registering(Enqueueing):
         timeout: timedelta | float | None = None,
         ordering_key: OrderingKey = None,
         tag: str | None = None,
+        transactional: bool = False,
     ) -> Task | Callable[[F], Task]:
         """Register a sync or async function as a task, bare (``@app.task``) or with options.
 
@@ -75,6 +77,9 @@ class Registering(Enqueueing):
             ordering_key: A job argument's name (or a function of the arguments) whose value orders jobs:
                 jobs with the same key run one at a time, in enqueue order.
             tag: Only workers serving this tag take its jobs.
+            transactional: Run the function in a transaction on the app's database, given as
+                ``context.conn`` (an AsyncConnection for an async function), that commits its writes with
+                the job's completion, fenced by the job's lease; see the how-to on transactional tasks.
 
         Returns:
             The :class:`~dibs.Task`, or a decorator that makes one.
@@ -89,7 +94,7 @@ class Registering(Enqueueing):
 
         defaults = {"queue": queue, "priority": priority, "max_attempts": max_attempts, "retry": retry}
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        defaults.update(timeout=seconds, ordering_key=ordering_key, tag=tag)
+        defaults.update(timeout=seconds, ordering_key=ordering_key, tag=tag, transactional=transactional)
 
         # The warning points at the decorated function: register() is one call deeper under a bare @app.task.
         def register(chosen: F, stacklevel: int = 2) -> Task:

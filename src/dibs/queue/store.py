@@ -208,26 +208,47 @@ class JobStore:
 
         Without results it is one fenced statement; with some, those go first in one executemany, in the same
         transaction, each fenced by its lease."""
-        done = {jobs.c.dedupe_key: None}
         with connected(conn) as connection:
             if not results:
-                lost = leases.complete_many(connection, claimed, status=SUCCEEDED, set=done)
+                lost = self._finished(connection, claimed, results)
             else:
-                kept = [
-                    {"dibs_job": lease.key[0], "dibs_token": lease.token, "dibs_result": text}
-                    for lease, text in results
-                ]
                 with self.backend.transaction(connection):
-                    connection.execute(self._result_write, kept)
-                    lost = leases.complete_many(connection, claimed, status=SUCCEEDED, set=done)
+                    lost = self._finished(connection, claimed, results)
             self._announced(connection, claimed, lost)
         return lost
+
+    def _finished(
+        self, connection: Connection, claimed: Sequence[Lease], results: Sequence[tuple[Lease, str]]
+    ) -> list[Lease]:
+        """Write the results, then mark the jobs succeeded, all fenced, in ``connection``'s transaction (or,
+        with no results, the one the lease write opens); returns the leases lost."""
+        if results:
+            kept = [
+                {"dibs_job": lease.key[0], "dibs_token": lease.token, "dibs_result": text} for lease, text in results
+            ]
+            connection.execute(self._result_write, kept)
+        return leases.complete_many(connection, claimed, status=SUCCEEDED, set={jobs.c.dedupe_key: None})
+
+    def succeed_in(self, conn: Connection, lease: Lease, result: str | None) -> bool:
+        """In ``conn``'s open transaction: mark the job succeeded with the JSON of its result, fenced by its
+        lease, settle the jobs waiting for it and announce it (on commit); False if the lease was lost."""
+        if self._finished(conn, [lease], [] if result is None else [(lease, result)]):
+            return False
+        if lease.row[HAS_CHILDREN_AT]:
+            settle_children(conn, [lease.key[0]])
+        self._announce_in(conn, [lease.key[0]])
+        return True
 
     def announce(self, conn: Engine | Connection, ids: Sequence[int]) -> None:
         """Tell those waiting for the results of these jobs that they finished (where the database can)."""
         if self._announce is None or not ids:
             return
         with connected(conn) as connection, self.backend.one_statement(connection, owned=isinstance(conn, Engine)):
+            self._announce_in(connection, ids)
+
+    def _announce_in(self, connection: Connection, ids: Sequence[int]) -> None:
+        """The announcement of these finished jobs, in ``connection``'s transaction (sent when it commits)."""
+        if self._announce is not None and ids:
             connection.execute(self._announce, {"dibs_payload": finished_payload(ids)})
 
     def _announced(self, conn: Connection, finished: Sequence[Lease], lost: Sequence[Lease]) -> None:

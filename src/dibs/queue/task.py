@@ -50,6 +50,8 @@ class Task:
         ordering_key: An argument's name (or a function of the arguments) whose value puts jobs in a
             line: jobs with the same key run one at a time, in enqueue order.
         tag: Only workers serving this tag take its jobs.
+        transactional: The function's writes through ``context.conn`` and the job's completion commit in
+            one transaction, fenced by the job's lease: a run whose lease was taken over commits nothing.
 
     Example:
         >>> @app.task(queue="billing", ordering_key="customer")
@@ -67,6 +69,7 @@ class Task:
     timeout: float | None = None
     ordering_key: OrderingKey = None
     tag: str | None = None
+    transactional: bool = False
     is_async: bool = field(init=False)
     wants_context: bool = field(init=False)
     signature: inspect.Signature = field(init=False, repr=False, compare=False)
@@ -98,6 +101,13 @@ class Task:
             object.__setattr__(self, "typed", typed_parameters(self.function, self.signature))
         except TypeError as exc:
             raise InvalidArgument(f"task {self.name!r} has a parameter dibs cannot convert: {exc}") from exc
+        if not isinstance(self.transactional, bool):
+            raise InvalidArgument(f"transactional must be True or False, got {self.transactional!r}")
+        if self.transactional and not self.wants_context:
+            raise InvalidArgument(
+                f"task {self.name!r} is transactional, but its function has no context parameter, through which "
+                "it gets the transaction's connection (context.conn); add a parameter named context"
+            )
 
     @property
     def parameters(self) -> str:

@@ -235,6 +235,7 @@ class Worker(Service[WorkerStats]):
             await self.threads.call(self.wakeup.close)
         if self.metrics is not None:
             self.metrics.close()
+        await self.runners.transactions.close()
         self.runners.shutdown()
 
     def _listen(self) -> bool:

@@ -94,11 +94,7 @@ class JobWrites:
         try:
             text = encoded_result(returned)
         except InvalidArgument as problem:
-            self.recording += 1
-            try:
-                await self._unkept(lease, task, problem)
-            finally:
-                self.recording -= 1
+            await self.unkept(lease, task, problem)
             return
         self.results[lease.key[0], lease.token] = text
         self.successes.add(lease)
@@ -113,6 +109,29 @@ class JobWrites:
             self.metrics.finished(task.name, "dead")
         log.warning("job %s (%s) dead, its result cannot be kept: %s", lease.key[0], task.name, problem)
         await self._settle([lease])
+
+    async def unkept(self, lease: Lease, task: Task, problem: InvalidArgument) -> None:
+        """Record a run whose result cannot be kept (not JSON, or too large): dead, with that error."""
+        self.recording += 1
+        try:
+            await self._unkept(lease, task, problem)
+        finally:
+            self.recording -= 1
+
+    def committed(self, lease: Lease, task: Task) -> None:
+        """Count a transactional job whose completion committed with its writes (its children settled in
+        that transaction)."""
+        self.keeper.held.pop(lease.key, None)
+        self.stats.succeeded += 1
+        if self.metrics is not None:
+            self.metrics.finished(task.name, "succeeded")
+        self.shared.wakeup.wake()
+
+    def fenced_out(self, lease: Lease) -> None:
+        """Count a transactional job whose lease was taken over before it committed: its writes rolled back."""
+        self.keeper.held.pop(lease.key, None)
+        self.stats.lost += 1
+        log.warning("job %s finished, but its lease had been taken over: its writes were rolled back", lease.key[0])
 
     async def _settle(self, finished: list[Lease], lost: Sequence[Lease] = ()) -> None:
         """Queue or cancel the jobs waiting for these finished ones (but the ``lost``), if they had any when
