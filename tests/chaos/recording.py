@@ -92,6 +92,15 @@ class RecordingStore(JobStore):
 
         return self._written("completed", held, "succeeded", write)
 
+    def succeed_in(self, conn: Connection, lease: Lease, result: str | None) -> bool:
+        # Recorded before the transaction commits, so a kept completion is "changed: None" (it commits
+        # only if the process lives on); a refused one changed nothing.
+        kept = super().succeed_in(conn, lease, result)
+        self.recorder.record(
+            "completed", _job(lease), token=lease.token, status="succeeded", changed=None if kept else False
+        )
+        return kept
+
     def retry(self, conn: Engine | Connection, lease: Lease, delay: timedelta, error: str) -> bool:
         def write() -> list[Lease]:
             return [] if super(RecordingStore, self).retry(conn, lease, delay, error) else [lease]

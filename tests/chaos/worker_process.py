@@ -19,6 +19,9 @@ Tasks (all record ``started`` and ``finished``):
 * ``chaos.work(n, ms)``: sync, sleeps ``ms``; ``chaos.awork(n, ms)``: the same, async;
 * ``chaos.keyed(key, n, ms)``: sync, ordering key ``key``;
 * ``chaos.slow(seconds)``: sleeps ``seconds`` on its first attempt only (a zombie's job);
+* ``chaos.count(n, ms)`` and ``chaos.acount(n, ms)``: transactional, sync and async: nap ``ms`` as
+  ``chaos.work`` does, then count the job in the ``chaos`` counter and the runs table in the job's
+  transaction (last, so that the counter's row lock is held only until the commit);
 * ``chaos.fail()``: always raises (3 attempts); ``chaos.hang()``: async, sleeps past its 0.3 s timeout
   (2 attempts); ``chaos.suicide()``: SIGKILLs its own process (2 attempts).
 """
@@ -35,12 +38,14 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 import dibs
 from dibs.lease import Lease
 from tests.chaos.history import Recorder
 from tests.chaos.recording import RecordingStore
+from tests.queue.support import counters, runs
 
 POINTS = ("after-claim", "mid-handler", "before-complete")
 #: Attempts of the ordinary jobs: enough that self-inflicted kills never use them all up.
@@ -89,6 +94,17 @@ class DyingStore(RecordingStore):
         if held and self.dice.roll("before-complete"):
             die(self.recorder, "before-complete")
         return super().succeed(conn, held)
+
+    def succeed_in(self, conn: Connection, lease: Lease, result: str | None) -> bool:
+        if self.dice.roll("before-complete"):
+            die(self.recorder, "before-complete")
+        return super().succeed_in(conn, lease, result)
+
+
+def counted(conn: Connection, job_id: int) -> None:
+    """A transactional chaos job's writes: one more on the ``chaos`` counter, and a line naming the job."""
+    conn.execute(sa.update(counters).where(counters.c.name == "chaos").values(n=counters.c.n + 1))
+    conn.execute(runs.insert().values(job_id=job_id, event="counted"))
 
 
 def build_app(url: str, recorder: Recorder, dice: Dice) -> tuple[dibs.App, DyingStore]:
@@ -160,6 +176,21 @@ def build_app(url: str, recorder: Recorder, dice: Dice) -> tuple[dibs.App, Dying
     def slow(seconds: float, context: dibs.JobContext) -> None:
         if context.attempt == 1:
             time.sleep(seconds)
+
+    @app.task(name="chaos.count", max_attempts=ATTEMPTS, retry=QUICK_RETRY, transactional=True)
+    @traced
+    def count(n: int, ms: float, context: dibs.JobContext) -> None:
+        nap(ms)
+        counted(context.conn, context.job_id)
+
+    @app.task(name="chaos.acount", max_attempts=ATTEMPTS, retry=QUICK_RETRY, transactional=True)
+    @traced
+    async def acount(n: int, ms: float, context: dibs.JobContext) -> None:
+        await asyncio.sleep(ms / 2000)
+        if dice.roll("mid-handler"):
+            die(recorder, "mid-handler")
+        await asyncio.sleep(ms / 2000)
+        await context.conn.run_sync(counted, context.job_id)
 
     @app.task(name="chaos.fail", max_attempts=3, retry=QUICK_RETRY)
     @traced
