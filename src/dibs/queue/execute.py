@@ -22,8 +22,8 @@ from dibs.queue.job import JobContext
 from dibs.queue.progress import ProgressWrites
 from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, HAS_PARENTS_AT, ID_AT, TASK_AT
 from dibs.queue.task import Task
-from dibs.queue.typed_arguments import Mismatch
 from dibs.queue.transactional import Ran, TransactionalContext, Transactions
+from dibs.queue.typed_arguments import Mismatch
 from dibs.queue.writes import JobWrites
 
 log = logging.getLogger("dibs.worker")
@@ -182,6 +182,14 @@ class Runners:
             self.running.pop(job_id, None)
         if self.metrics is not None:
             self.metrics.ran(task.name, time.perf_counter() - started)
+        await self._finished(lease, task, kwargs, context, (error, formatted, returned))
+
+    async def _finished(
+        self, lease: Lease, task: Task, kwargs: dict[str, Any], context: JobContext, raised: Raised
+    ) -> None:
+        """Record what became of a run: what it raised (None if it returned), its traceback, what it returned."""
+        error, formatted, returned = raised
+        job_id = lease.key[0]
         if task.transactional and error is None:
             await self._transacted(lease, task, context, returned)
             return
