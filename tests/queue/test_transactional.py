@@ -190,8 +190,9 @@ def test_a_worker_whose_lease_was_taken_over_while_the_task_ran_commits_nothing(
 
     count = counting_task(app, mode, "txn.zombie", wait)
     job = count.enqueue()
-    # A long lease and no upkeep: the test, not the heartbeat or recovery, decides when it is taken over.
-    worker = qdb.start(app, lease=60.0, upkeep_every=3600.0)
+    # A long lease, no upkeep and one runner (busy, so its worker claims nothing more): the test alone
+    # decides when the job is taken over, and by whom.
+    worker = qdb.start(app, lease=60.0, upkeep_every=3600.0, concurrency=1)
     try:
         assert started.wait(30)
         take_over(app, qdb.new_engine(), job.id, count.name)
@@ -226,7 +227,7 @@ def test_a_worker_whose_lease_was_taken_over_before_its_transaction_began_commit
     job = count.enqueue()
     sa.event.listen(sa.Engine, "engine_connect", take_over_first)
     try:
-        worker = qdb.start(app, lease=60.0, upkeep_every=3600.0)
+        worker = qdb.start(app, lease=60.0, upkeep_every=3600.0, concurrency=1)
         wait_until(lambda: worker.worker.stats.lost == 1, 30)
         worker.stop()
     finally:
