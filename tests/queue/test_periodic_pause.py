@@ -125,6 +125,23 @@ def test_a_changed_schedule_stays_paused(qdb: QueueDatabase) -> None:
     assert (status.schedule, status.paused) == ("every 7200s", True)
 
 
+def test_an_app_with_another_version_of_a_schedule_pauses_it_as_recorded(qdb: QueueDatabase) -> None:
+    """The workers that run the recorded version keep it: a pause from an app ahead of them changes nothing else."""
+    _hourly(qdb).sync_periodic()
+    recorded = _next_slot(qdb.engine, "hourly")
+    newer = qdb.app()
+
+    @newer.periodic(every=2 * HOUR, name="hourly")
+    @newer.task(name="report")
+    def report() -> None: ...
+
+    newer.pause_periodic("hourly")
+    newer.resume_periodic("hourly")
+    newer.pause_periodic("hourly")
+    (status,) = newer.periodic_status()
+    assert (status.schedule, status.paused, status.next_slot_at) == ("every 3600s", True, recorded)
+
+
 def test_pausing_a_schedule_nobody_recorded_or_a_bad_name_is_refused(qdb: QueueDatabase) -> None:
     app = qdb.app()
     with pytest.raises(dibs.InvalidArgument, match="no periodic job named 'nightly' is recorded"):

@@ -135,11 +135,14 @@ class Pausing(AppBase):
     def _set_schedule_paused(self, name: str, *, paused: bool) -> None:
         chosen = checked_name(name, "a periodic job's name", TASK_NAME_LIMIT)
         with self._tables():
-            if chosen in self.schedules:
-                # Registered here but perhaps not recorded yet (no worker started since): recorded first.
-                sync_schedules(self.engine, {chosen: self.schedules[chosen]})
             if set_paused(self.engine, chosen, paused=paused):
                 return
+            if chosen in self.schedules:
+                # Registered here but not recorded yet (no worker started since): recorded first. One already
+                # recorded keeps its definition, which the running workers' version may not share with this app.
+                sync_schedules(self.engine, {chosen: self.schedules[chosen]})
+                if set_paused(self.engine, chosen, paused=paused):
+                    return
         raise InvalidArgument(
             f"no periodic job named {chosen!r} is recorded in this database: `dibs status` lists those that are "
             "(a worker records its app's schedules as it starts)"
