@@ -317,3 +317,33 @@ def test_a_sync_run_still_going_after_shutdown_commits_nothing(qdb: QueueDatabas
 def _task_threads_busy() -> bool:
     """Whether a worker's thread of sync jobs (which ends once its job's transaction ended) is still alive."""
     return any(thread.name.startswith("dibs-task") for thread in threading.enumerate())
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_job_enqueued_on_context_conn_exists_only_if_the_run_commits(
+    qdb: QueueDatabase, tables: sa.Engine, mode: str
+) -> None:
+    app = qdb.app()
+
+    @app.task(name="txn.next")
+    def follow_up(source: int) -> None: ...
+
+    if mode == "sync":
+
+        @app.task(name="txn.spawn", transactional=True, retry=QUICK_RETRY)
+        def spawn(context: dibs.JobContext) -> None:
+            follow_up.enqueue({"source": context.attempt}, conn=context.conn)
+            if context.attempt == 1:
+                raise RuntimeError("rolled back with the job it enqueued")
+
+    else:
+
+        @app.task(name="txn.spawn", transactional=True, retry=QUICK_RETRY)
+        async def spawn(context: dibs.JobContext) -> None:
+            await follow_up.aenqueue({"source": context.attempt}, conn=context.conn)
+            if context.attempt == 1:
+                raise RuntimeError("rolled back with the job it enqueued")
+
+    spawn.enqueue()
+    assert qdb.drain(app).succeeded == 2
+    assert [row.args for row in job_rows(tables, jobs.c.task == "txn.next")] == ['{"source":2}']
