@@ -69,3 +69,24 @@ def test_the_next_page_of_jobs_starts_from_the_primary_key(qdb: QueueDatabase) -
     _filled(qdb, 500)
     statements = caught_statements(qdb.engine, lambda: reads.job_page(qdb.engine, reads.JobFilter(), 250))
     assert_reads_indexes(qdb.engine, statements, "dibs_jobs", [])
+
+
+def test_a_jobs_family_is_read_by_the_links_keys(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+
+    @app.task(name="bulk.step")
+    def step() -> None: ...
+
+    parents = app.enqueue_many(step, [{}] * 2000)
+    for first in range(0, 2000, 10):
+        app.enqueue(step, after=parents[first : first + 10])
+    for table in ("dibs_jobs", "dibs_job_parents"):
+        statistics_taken_now(qdb.engine, table)
+    statements = caught_statements(qdb.engine, lambda: reads.job_family(qdb.engine, parents[500].id))
+    with qdb.engine.connect() as conn:
+        plans = [plan_of(conn, statement, parameters) for statement, parameters in statements]
+    # One job's links are found by key and then sorted: a sort of its own few (or one fan-out's) rows.
+    assert "dibs_job_parents_parent" in " || ".join(plans)
+    for plan in plans:
+        assert not reads_whole(plan, "dibs_job_parents"), plan
+        assert not reads_whole(plan, "dibs_jobs"), plan

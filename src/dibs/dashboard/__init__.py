@@ -84,6 +84,7 @@ def create_app(
         Route("/workers", pages.workers),
         Route("/jobs", pages.job_list),
         Route("/jobs/{job_id:int}", pages.job_detail),
+        Route("/live/jobs/{job_id:int}", pages.job_fragment),
         Route("/schedules", pages.schedules),
         Route("/outbox", pages.outbox),
         Route("/outbox/{event_id:int}", pages.event_detail),

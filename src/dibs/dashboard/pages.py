@@ -10,10 +10,10 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from dibs._errors import EventNotFound, JobNotFound
-from dibs.dashboard.reads import JobFilter, job_page, queue_lines, running_per_worker, throughput
+from dibs.dashboard.reads import JobFilter, job_family, job_page, queue_lines, running_per_worker, throughput
 from dibs.dashboard.state import Dashboard
 from dibs.queue.periodic import schedule_status
-from dibs.schema import ABANDONED, EVENT_STATES, LIVE, STATES
+from dibs.schema import ABANDONED, EVENT_STATES, FINISHED, LIVE, STATES
 
 
 def _number(value: str | None) -> int | None:
@@ -76,12 +76,26 @@ async def job_list(request: Request) -> Response:
 
 async def job_detail(request: Request) -> Response:
     """Everything about one job."""
+    return await _render(request, "job.html", _job_context)
 
-    def context(dashboard: Dashboard, request: Request) -> dict[str, Any]:
-        job = dashboard.app.get(int(request.path_params["job_id"]))
-        return {"job": job, "arguments": json.dumps(job.args, indent=2, sort_keys=True)}
 
-    return await _render(request, "job.html", context)
+async def job_fragment(request: Request) -> Response:
+    """The live part of a job's page (state, actions, progress, timings), which the page polls while the job
+    is not finished."""
+    return await _render(request, "job_live.html", _job_context)
+
+
+def _job_context(dashboard: Dashboard, request: Request) -> dict[str, Any]:
+    job_id = int(request.path_params["job_id"])
+    job = dashboard.app.get(job_id)
+    return {
+        "job": job,
+        "arguments": json.dumps(job.args, indent=2, sort_keys=True),
+        "family": job_family(dashboard.app.engine, job_id),
+        "finished": FINISHED,
+        # Actions in the live part return to the job's page, not to the fragment that drew them.
+        "back": f"{request.scope.get('root_path', '')}/jobs/{job_id}",
+    }
 
 
 async def schedules(request: Request) -> Response:

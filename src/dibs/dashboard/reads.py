@@ -18,12 +18,14 @@ from sqlalchemy.engine import Engine
 from dibs.dialects import backend_for
 from dibs.dialects.base import inline
 from dibs.engine import connected
-from dibs.schema import DEAD, FINISHED, LIVE, QUEUED, RUNNING, STATES, SUCCEEDED, aware, jobs
+from dibs.schema import DEAD, FINISHED, LIVE, QUEUED, RUNNING, STATES, SUCCEEDED, aware, job_parents, jobs
 
 #: Jobs on one page of the list.
 PAGE = 50
 #: The throughput chart: this many bars over the last hour.
 BUCKETS = 12
+#: Children listed on a job's page (a fan-out may have thousands).
+FAMILY_LIMIT = 100
 #: Ids one search for text in the arguments reads: the newest this many below where its page starts.
 SEARCH_WINDOW = 100_000
 
@@ -213,3 +215,45 @@ def running_per_worker(engine: Engine) -> dict[str, int]:
     )
     with connected(engine) as conn:
         return {owner: count for owner, count in conn.execute(query) if owner is not None}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Relative:
+    """A job a job waits for, or one that waits for it; a purged one has no task or status left."""
+
+    id: int
+    task: str | None
+    status: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Family:
+    """The jobs a job waits for (in the order given to ``after=``) and the first of those waiting for it."""
+
+    parents: list[Relative]
+    children: list[Relative]
+    #: Whether more children wait than are listed.
+    more_children: bool
+
+
+def job_family(engine: Engine, job_id: int) -> Family:
+    """A job's parents, by the links' primary key, and children, by the index on the parent."""
+    parents = (
+        sa.select(job_parents.c.parent_id, jobs.c.task, jobs.c.status)
+        .select_from(job_parents.outerjoin(jobs, jobs.c.id == job_parents.c.parent_id))
+        .where(job_parents.c.child_id == job_id)
+        .order_by(job_parents.c.position)
+    )
+    children = (
+        sa.select(job_parents.c.child_id, jobs.c.task, jobs.c.status)
+        .select_from(job_parents.outerjoin(jobs, jobs.c.id == job_parents.c.child_id))
+        .where(job_parents.c.parent_id == job_id)
+        .order_by(job_parents.c.child_id)
+        .limit(FAMILY_LIMIT + 1)
+    )
+    with connected(engine) as conn:
+        found = [
+            [Relative(id=row[0], task=row[1], status=row[2]) for row in conn.execute(query)]
+            for query in (parents, children)
+        ]
+    return Family(parents=found[0], children=found[1][:FAMILY_LIMIT], more_children=len(found[1]) > FAMILY_LIMIT)
