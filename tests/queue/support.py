@@ -219,8 +219,16 @@ def statistics_taken_now(engine: Engine, table: str) -> None:
             conn.exec_driver_sql(f"ANALYZE {table}")
 
 
-#: The columns of dibs_jobs that schema steps 6, 7 and 9 (results, dependencies, progress) add.
-LATER_JOB_COLUMNS = ("result", "has_children", "on_parent_failure", "parents_left", "progress", "progress_message")
+#: The columns of dibs_jobs that schema steps 6, 7, 9 and 10 (results, dependencies, progress, trace context) add.
+LATER_JOB_COLUMNS = (
+    "result",
+    "has_children",
+    "on_parent_failure",
+    "parents_left",
+    "progress",
+    "progress_message",
+    "headers",
+)
 #: The column of dibs_periodic that step 8 (pausing schedules) adds.
 LATER_PERIODIC_COLUMNS = ("paused",)
 

@@ -191,4 +191,4 @@ def test_a_version_3_database_without_the_later_columns_upgrades_through_every_s
     without_later_job_columns(engine)
     assert [step.version for step in dibs.migrate(engine)] == list(range(4, LATEST + 1))
     columns = {column["name"] for column in sa.inspect(engine).get_columns("dibs_jobs")}
-    assert {"result", "has_children", "on_parent_failure", "parents_left"} <= columns
+    assert {"result", "has_children", "on_parent_failure", "parents_left", "headers"} <= columns

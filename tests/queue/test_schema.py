@@ -30,7 +30,7 @@ VERSIONS = [step.version for step in MIGRATIONS]
 def test_migrate_creates_the_tables_once(empty_db: QueueDatabase) -> None:
     engine = empty_db.engine
     assert current_version(engine) == 0
-    assert [step.version for step in dibs.migrate(engine)] == VERSIONS == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    assert [step.version for step in dibs.migrate(engine)] == VERSIONS == [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
     assert current_version(engine) == LATEST
     assert dibs.migrate(engine) == []
     assert empty_db.app().init() == []

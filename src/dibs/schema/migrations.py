@@ -56,7 +56,7 @@ def _create_periodic(conn: Connection) -> None:
 
 #: Columns of dibs_jobs that steps after 4 add: step 4 leaves them to those steps.
 LATER_JOB_COLUMNS = frozenset(
-    {"result", "has_children", "on_parent_failure", "parents_left", "progress", "progress_message"}
+    {"result", "has_children", "on_parent_failure", "parents_left", "progress", "progress_message", "headers"}
 )
 
 
@@ -119,6 +119,10 @@ def _job_progress(conn: Connection) -> None:
     _add_job_columns(conn, "progress", "progress_message")
 
 
+def _job_headers(conn: Connection) -> None:
+    _add_job_columns(conn, "headers")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(version=1, description="the jobs table", apply=_create_jobs, creates=JOBS),
     Migration(version=2, description="the outbox table", apply=_create_outbox, creates=OUTBOX),
@@ -142,6 +146,7 @@ MIGRATIONS: tuple[Migration, ...] = (
         version=8, description="pausing periodic schedules: the paused column of dibs_periodic", apply=_periodic_pause
     ),
     Migration(version=9, description="job progress: the progress columns of dibs_jobs", apply=_job_progress),
+    Migration(version=10, description="trace context: the headers column of dibs_jobs", apply=_job_headers),
 )
 #: The schema version this dibs needs.
 LATEST = max(step.version for step in MIGRATIONS)

@@ -84,6 +84,8 @@ jobs = sa.Table(
     # most once a second, by the worker that holds its lease.
     sa.Column("progress", sa.Double, nullable=True),
     sa.Column("progress_message", sa.String(PROGRESS_MESSAGE_LIMIT), nullable=True),
+    # The enqueuer's trace context as JSON (W3C traceparent and tracestate), when it enqueued inside a trace.
+    sa.Column("headers", sa.Text, nullable=True),
 )
 
 
