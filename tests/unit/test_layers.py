@@ -23,7 +23,7 @@ ROOT = Path(dibs.__file__).parent
 LAYERS = (
     ("dibs._errors", "dibs._checks"),
     ("dibs.dialects",),
-    ("dibs.engine", "dibs.schema", "dibs.retry", "dibs.metrics"),
+    ("dibs.engine", "dibs.schema", "dibs.retry", "dibs.metrics", "dibs.tracing"),
     ("dibs.claim", "dibs.lease", "dibs.runtime"),
     ("dibs.due", "dibs.queue", "dibs.outbox"),
     ("dibs", "dibs.cli", "dibs.dashboard", "dibs.demo", "dibs.alembic", "dibs.django", "dibs.testing"),

@@ -18,6 +18,7 @@ from dibs.outbox.publishers import Publisher
 from dibs.outbox.stage import OUTAGE_WAIT
 from dibs.runtime import Backoff, Wakeup
 from dibs.schema import PROCESSING
+from dibs.tracing import tracing
 
 log = logging.getLogger("dibs.relay")
 
@@ -32,6 +33,7 @@ class Publishing:
         #: While the broker cannot be reached: seconds to wait before the next claim; 0 when it can.
         self.outage_wait = 0.0
         self._outage = Backoff(first=0.5, most=OUTAGE_WAIT)
+        self._tracing = tracing()
 
     async def connect(self, *, give_up: bool, stopping: Callable[[], bool]) -> None:
         """Connect the publisher, waiting for its broker while it cannot be reached, unless ``give_up``."""
@@ -53,6 +55,16 @@ class Publishing:
     async def publish(self, held: list[Lease]) -> None:
         """Publish these claimed events and have each one's outcome written."""
         events = OutboxEvent.from_rows([lease.row for lease in held], status=PROCESSING)
+        if self._tracing is None or not events:
+            await self._publish(held, events)
+            return
+        with self._tracing.publish(events[0].target, events) as span:
+            outcomes = await self._publish(held, events)
+            self._tracing.published(span, outcomes)
+
+    async def _publish(self, held: list[Lease], events: list[OutboxEvent]) -> Sequence[BaseException | None]:
+        """Send the events, have each one's outcome written, and return them (every event failed, for a
+        broker that could not be reached)."""
         started = time.perf_counter()
         try:
             outcomes: Sequence[BaseException | None] = await self.publisher.publish(events)
@@ -64,7 +76,7 @@ class Publishing:
                 "%s; %d events given back unpublished, trying again in %.1f s", error, len(held), self.outage_wait
             )
             await self.marks.give_back(held)
-            return
+            return [error] * len(events)
         except Exception as error:  # the whole batch failed in a way the publisher did not sort out
             outcomes = [error] * len(events)
         if self.outage_wait:
@@ -84,3 +96,4 @@ class Publishing:
             await self.marks.complete(published)
         if failed:
             await self.marks.fail(failed)
+        return outcomes

@@ -35,6 +35,7 @@ from dibs.schema import (
     WAITING,
     jobs,
 )
+from dibs.tracing import tracing
 
 #: PostgreSQL wakes idle workers on this channel when jobs are enqueued.
 CHANNEL = "dibs_jobs"
@@ -116,6 +117,7 @@ def new_job(
         "ordering_key": key,
         "tag": chosen_tag,
         "on_parent_failure": policy,
+        "headers": None,  # the enqueuer's trace context, set as the job is inserted inside a trace
     }
     return NewJob(values=values, delay=seconds, run_at=when, parents=parents)
 
@@ -175,6 +177,17 @@ def encoded_args(task: Task, arguments: Mapping[str, Any], max_args_bytes: int) 
 
 def insert_jobs(conn: Connection, new: Sequence[NewJob], notify_channel: str | None) -> list[Job]:
     """Insert validated jobs on ``conn`` (in its transaction); returns them as stored, in order."""
+    traced = tracing()
+    if traced is None or not new:
+        return _insert_jobs(conn, new, notify_channel)
+    queues = {job.values["queue"] for job in new}
+    with traced.enqueue(queues.pop() if len(queues) == 1 else "*", len(new)) as headers:
+        for job in new:
+            job.values["headers"] = headers
+        return _insert_jobs(conn, new, notify_channel)
+
+
+def _insert_jobs(conn: Connection, new: Sequence[NewJob], notify_channel: str | None) -> list[Job]:
     backend = backend_for(conn.dialect)
     stored: list[Job | None] = [None] * len(new)
     plain = [index for index, job in enumerate(new) if job.values["dedupe_key"] is None]

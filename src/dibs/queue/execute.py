@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import json
 import logging
 import time
@@ -13,6 +14,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from dibs.lease import Lease
@@ -20,11 +22,12 @@ from dibs.metrics import Metrics
 from dibs.queue.fetch import ClaimedJobs
 from dibs.queue.job import JobContext
 from dibs.queue.progress import ProgressWrites
-from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, HAS_PARENTS_AT, ID_AT, TASK_AT
+from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, HAS_PARENTS_AT, HEADERS_AT, ID_AT, QUEUE_AT, TASK_AT
 from dibs.queue.task import Task
 from dibs.queue.transactional import Ran, TransactionalContext, Transactions
 from dibs.queue.typed_arguments import Mismatch
 from dibs.queue.writes import JobWrites
+from dibs.tracing import Tracing, tracing
 
 log = logging.getLogger("dibs.worker")
 
@@ -84,6 +87,8 @@ class Runners:
         self.transactions = Transactions(writes.engine, writes.store)
         #: What the running jobs report of their progress, written once a second.
         self.progress = ProgressWrites(writes.shared, self._lease_of)
+        # Decided once: without the OpenTelemetry API a run costs one comparison more, nothing else.
+        self._tracing = tracing()
 
     def _lease_of(self, context: JobContext) -> Lease | None:
         """The lease of the job this context belongs to, while it runs here."""
@@ -173,27 +178,61 @@ class Runners:
         function = task.function
         if task.transactional:
             function = self.transactions.call(lease, function, task.is_async, context)
+        logged, tracing = self.jobs.logging, self._tracing
+        if logged:
+            log.info("job %s (%s) attempt %d started", job_id, task.name, context.attempt, extra=_fields(row))
         started = time.perf_counter()
         try:
-            error, formatted, returned = await self._execute(task, function, kwargs, context)
+            if tracing is None:
+                raised = await self._execute(task, function, kwargs, context)
+            else:
+                raised = await self._traced(tracing, task, function, kwargs, context, row)
         finally:
             # Out of `running` before anything else is awaited: a cancellation aimed at this job can no
             # longer land in the writes that record its outcome.
             self.running.pop(job_id, None)
+        duration = time.perf_counter() - started
         if self.metrics is not None:
-            self.metrics.ran(task.name, time.perf_counter() - started)
-        await self._finished(lease, task, kwargs, context, (error, formatted, returned))
+            self.metrics.ran(task.name, duration)
+        await self._finished(lease, task, kwargs, context, raised, (duration, logged))
+
+    async def _traced(
+        self,
+        tracing: Tracing,
+        task: Task,
+        function: Callable[..., Any],
+        kwargs: dict[str, Any],
+        context: JobContext,
+        row: Any,
+    ) -> Raised:
+        """:meth:`_execute` inside the run's span, which a sync function's thread sees as current too."""
+        with tracing.run(context.job_id, task.name, row[QUEUE_AT], context.attempt, row[HEADERS_AT]) as span:
+            if not task.is_async:
+                function = partial(contextvars.copy_context().run, function)
+            raised = await self._execute(task, function, kwargs, context)
+            tracing.ran(span, raised[0])
+            return raised
 
     async def _finished(
-        self, lease: Lease, task: Task, kwargs: dict[str, Any], context: JobContext, raised: Raised
+        self,
+        lease: Lease,
+        task: Task,
+        kwargs: dict[str, Any],
+        context: JobContext,
+        raised: Raised,
+        timed: tuple[float, bool],
     ) -> None:
-        """Record what became of a run: what it raised (None if it returned), its traceback, what it returned."""
+        """Record what became of a run: what it raised (None if it returned), its traceback, what it returned;
+        ``timed``: how long it ran, in seconds, and whether its success is logged."""
         error, formatted, returned = raised
+        duration, logged = timed
         job_id = lease.key[0]
         if task.transactional and error is None:
-            await self._transacted(lease, task, context, returned)
+            await self._transacted(lease, task, context, returned, timed)
             return
         if error is None and context.stop_reason != "cancelled":
+            if logged:
+                _succeeded(lease, context, duration)
             if returned is None:
                 self._succeeded(lease)
             else:
@@ -206,12 +245,17 @@ class Runners:
             await self.writes.reject(lease, task, f"{problem}: {misfit}")
             return
         stopped = error if error is not None else asyncio.CancelledError("cancelled")
-        await self.writes.failed(lease, task, context.stop_reason, stopped, formatted)
+        await self.writes.failed(lease, task, context.stop_reason, stopped, formatted, duration)
 
-    async def _transacted(self, lease: Lease, task: Task, context: JobContext, ran: Ran) -> None:
+    async def _transacted(
+        self, lease: Lease, task: Task, context: JobContext, ran: Ran, timed: tuple[float, bool]
+    ) -> None:
         """Record how a transactional run whose function returned ended (its completion, if it committed,
-        was written in its transaction)."""
+        was written in its transaction); ``timed`` as for :meth:`_finished`."""
+        duration, logged = timed
         if ran.ending == "committed":
+            if logged:
+                _succeeded(lease, context, duration)
             self.writes.committed(lease, task)
         elif ran.ending == "lost":
             self.writes.fenced_out(lease)
@@ -220,7 +264,7 @@ class Runners:
         else:
             reason = context.stop_reason
             stopped = timed_out(task) if reason == "timeout" else asyncio.CancelledError(reason)
-            await self.writes.failed(lease, task, reason, stopped, "")
+            await self.writes.failed(lease, task, reason, stopped, "", duration)
 
     async def _execute(
         self, task: Task, function: Callable[..., Any], kwargs: dict[str, Any], context: JobContext
@@ -267,6 +311,18 @@ class Runners:
         except Exception as error:
             return error, traceback.format_exc(), None
         return None, "", returned
+
+
+def _fields(row: Any) -> dict[str, Any]:
+    """What a log line of a job's run carries for log shippers (``--log-format json``)."""
+    return {"job_id": row[ID_AT], "task": row[TASK_AT], "attempt": row[ATTEMPTS_AT], "queue": row[QUEUE_AT]}
+
+
+def _succeeded(lease: Lease, context: JobContext, duration: float) -> None:
+    """Log a run that succeeded."""
+    extra = {**_fields(lease.row), "duration": round(duration, 6), "outcome": "succeeded"}
+    message = "job %s (%s) attempt %d succeeded in %.3f s"
+    log.info(message, context.job_id, context.task, context.attempt, duration, extra=extra)
 
 
 def _uncancel() -> None:

@@ -19,9 +19,10 @@ from dibs.lease import Lease
 from dibs.metrics import Metrics
 from dibs.queue.settings import WorkerSettings
 from dibs.queue.stage import Shared
-from dibs.queue.store import WorkLeft
+from dibs.queue.store import HEADERS_AT, WorkLeft
 from dibs.queue.writes import JobWrites
 from dibs.runtime import Backoff, Wakeup
+from dibs.tracing import tracing
 
 log = logging.getLogger("dibs.worker")
 
@@ -58,6 +59,8 @@ class ClaimedJobs:
         self._wakeup = wakeup
         self._waiting: list[asyncio.Future[bool]] = []  # idle runners' wake-ups (False: shut down)
         self._starting = 0  # runners woken and not yet running
+        #: Whether runs are logged (INFO on ``dibs.worker``): looked at once per claimed batch, not per job.
+        self.logging = log.isEnabledFor(logging.INFO)
 
     def room(self) -> int:
         """How many jobs a claim may take now: one for each idle runner, less the jobs already claimed for them."""
@@ -65,6 +68,7 @@ class ClaimedJobs:
 
     def put(self, leases: list[Lease]) -> None:
         """Hand claimed jobs to the runners."""
+        self.logging = log.isEnabledFor(logging.INFO)
         self.buffer.extend(leases)
         self._wake_runner()
 
@@ -127,6 +131,7 @@ class Fetcher:
         self.stopping = stopping
         #: Prometheus metrics, when the worker serves them.
         self.metrics: Metrics | None = None
+        self._tracing = tracing()
 
     async def run(self) -> None:
         """Claim and hand over jobs until the worker stops (or, in a burst, until no job is left)."""
@@ -165,6 +170,7 @@ class Fetcher:
     async def _claim(self, limit: int, backoff: Backoff) -> list[Lease] | None:
         """Claim up to ``limit`` jobs; None when the claim failed (after waiting before the next try)."""
         started = time.perf_counter()
+        began = time.time_ns() if self._tracing is not None else 0
         settings = self.settings
         try:
             claimed = await self.threads.call(
@@ -178,10 +184,12 @@ class Fetcher:
                 tags=settings.tags,
             )
         except SchemaMissing as error:  # the tables were dropped: wait for `dibs init`, polling
+            self._traced(began, [], error)
             self.missing.report(error)
             await self.wakeup.sleep(settings.poll_seconds)
             return None
         except Exception as error:  # the database is away or busy: try again, backing off
+            self._traced(began, [], error)
             wait = backoff.next(floor=FAILED_CLAIM_WAIT)
             log.warning("claim failed, trying again in %.1fs: %s", wait, error)
             await self.wakeup.sleep(wait)
@@ -189,7 +197,16 @@ class Fetcher:
         self.missing.clear()
         if self.metrics is not None:
             self.metrics.claimed(len(claimed), time.perf_counter() - started)
+        if claimed:
+            self._traced(began, claimed, None)
         return claimed
+
+    def _traced(self, began: int, claimed: list[Lease], error: BaseException | None) -> None:
+        """Record a claim that took jobs, or failed, as a span (an empty claim, which idle polling repeats, is
+        not one)."""
+        if self._tracing is not None:
+            headers = [lease.row[HEADERS_AT] for lease in claimed]
+            self._tracing.claimed(self.settings.queues, began, headers, error)
 
     # -- the end of a burst ------------------------------------------------------------------------------
 

@@ -106,12 +106,15 @@ CLAIMED = (
     jobs.c.run_at,
     jobs.c.has_children,
     jobs.c.on_parent_failure,
+    jobs.c.queue,
+    jobs.c.headers,
 )
 #: Where the worker finds what it reads in a claimed job's row (by position: a row's mapping costs more
 #: than the rest of a no-op job's bookkeeping).
 _CLAIMED_NAMES = [column.name for column in CLAIMED]
-ID_AT, TASK_AT, ARGS_AT, ATTEMPTS_AT, HAS_CHILDREN_AT, HAS_PARENTS_AT = (
-    _CLAIMED_NAMES.index(name) for name in ("id", "task", "args", "attempts", "has_children", "on_parent_failure")
+ID_AT, TASK_AT, ARGS_AT, ATTEMPTS_AT, HAS_CHILDREN_AT, HAS_PARENTS_AT, QUEUE_AT, HEADERS_AT = (
+    _CLAIMED_NAMES.index(name)
+    for name in ("id", "task", "args", "attempts", "has_children", "on_parent_failure", "queue", "headers")
 )
 
 

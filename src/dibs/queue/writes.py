@@ -153,15 +153,20 @@ class JobWrites:
 
     # -- failures ----------------------------------------------------------------------------------------
 
-    async def failed(self, lease: Lease, task: Task, reason: str | None, error: BaseException, formatted: str) -> None:
-        """Record a run that raised or was stopped (``reason``: why the worker stopped it, if it did)."""
+    async def failed(
+        self, lease: Lease, task: Task, reason: str | None, error: BaseException, formatted: str, duration: float = 0.0
+    ) -> None:
+        """Record a run that raised or was stopped (``reason``: why the worker stopped it, if it did) after
+        ``duration`` seconds."""
         self.recording += 1
         try:
-            await self._failed(lease, task, reason, error, formatted)
+            await self._failed(lease, task, reason, error, formatted, duration)
         finally:
             self.recording -= 1
 
-    async def _failed(self, lease: Lease, task: Task, reason: str | None, error: BaseException, formatted: str) -> None:
+    async def _failed(
+        self, lease: Lease, task: Task, reason: str | None, error: BaseException, formatted: str, duration: float
+    ) -> None:
         self.keeper.held.pop(lease.key, None)
         if reason not in ("lease lost", "cancelled"):
             requested = await self.threads.call(self.store.cancel_requests, self.engine, [lease.key[0]])
@@ -178,14 +183,17 @@ class JobWrites:
             await self._settle([lease])
         if self.metrics is not None:
             self.metrics.finished(task.name, outcome.value)
+        fields = {"job_id": lease.key[0], "task": task.name, "attempt": attempts, "queue": mapping["queue"]}
         log.log(
             logging.WARNING if outcome is Outcome.DEAD else logging.INFO,
-            "job %s (%s) attempt %d %s: %s",
+            "job %s (%s) attempt %d %s in %.3f s: %s",
             lease.key[0],
             task.name,
             attempts,
             outcome.value,
+            duration,
             f"{type(error).__name__}: {error}",
+            extra={**fields, "duration": round(duration, 6), "outcome": outcome.value, "error": type(error).__name__},
         )
 
     async def _record(self, outcome: Outcome, lease: Lease, task: Task, text: str) -> bool:
