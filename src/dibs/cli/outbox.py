@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 from datetime import timedelta
 
 import click
 from rich.table import Table
 
+from dibs.cli.logs import configure, log_format_option
 from dibs.cli.shared import (
     add_plain_row,
     confirmed,
@@ -69,6 +69,7 @@ def outbox() -> None:
     help="Delete events published more than this many hours ago (default: kept).",
 )
 @click.option("--burst", is_flag=True, help="Exit when no event is left to publish.")
+@log_format_option
 @click.pass_context
 def relay(
     ctx: click.Context,
@@ -82,8 +83,9 @@ def relay(
     on_failed_head: str,
     retention: float | None,
     burst: bool,
+    log_format: str,
 ) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure(log_format)
     events = open_outbox(ctx, on_failed_head=on_failed_head, max_retries=max_retries)
     runner = run(
         lambda: events.relay(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
 import click
 
+from dibs.cli.logs import configure, log_format_option
 from dibs.cli.shared import hours, load_app, run
 
 HELP = """Run a worker for the tasks of APP (module:attribute) until SIGTERM or SIGINT.
@@ -67,6 +67,7 @@ grace period ends go the same way.
     "(spares a database short of CPU). Default: 2, 1 on SQLite.",
 )
 @click.option("--burst", is_flag=True, help="Exit when no job is queued, scheduled or running.")
+@log_format_option
 def worker(
     app_spec: str,
     queues: str | None,
@@ -80,8 +81,9 @@ def worker(
     metrics_address: str,
     connections: int | None,
     burst: bool,
+    log_format: str,
 ) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure(log_format)
     app = load_app(app_spec)
     runner = run(
         lambda: app.worker(
