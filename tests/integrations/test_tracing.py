@@ -31,7 +31,7 @@ from starlette.routing import Route
 
 import dibs
 from dibs.outbox.publishers import Publisher
-from dibs.schema import MIGRATIONS, current_version
+from dibs.schema import LATEST, MIGRATIONS, current_version
 from tests.helpers.processes import ROOT
 from tests.outbox.support import FAST_RELAY
 from tests.queue.database import QueueDatabase
@@ -277,9 +277,11 @@ def test_without_the_api_or_a_tracer_provider_work_goes_on_and_no_context_is_wri
 def test_a_database_made_before_trace_context_is_upgraded_and_its_jobs_run(
     empty_db: QueueDatabase, spans: InMemorySpanExporter
 ) -> None:
-    """A version 7 jobs table, without the headers column: its jobs stay, and run once it is upgraded."""
+    """A jobs table of the step before trace context, without the headers column: its jobs stay, and run once
+    it is upgraded."""
     engine = empty_db.engine
-    dibs.migrate(engine, MIGRATIONS[:7])
+    step = next(step.version for step in MIGRATIONS if step.description.startswith("trace context"))
+    dibs.migrate(engine, tuple(earlier for earlier in MIGRATIONS if earlier.version < step))
     with engine.begin() as conn:
         conn.execute(sa.text("ALTER TABLE dibs_jobs DROP COLUMN headers"))
         conn.execute(
@@ -291,8 +293,8 @@ def test_a_database_made_before_trace_context_is_upgraded_and_its_jobs_run(
             {"now": datetime.now(timezone.utc).replace(tzinfo=None)},
         )
     assert "headers" not in {column["name"] for column in sa.inspect(engine).get_columns("dibs_jobs")}
-    assert [step.version for step in dibs.migrate(engine)] == [8]
-    assert current_version(engine) == 8
+    assert [applied.version for applied in dibs.migrate(engine)] == list(range(step, LATEST + 1))
+    assert current_version(engine) == LATEST
     app = empty_db.app()
 
     @app.task(name="work.echo")
