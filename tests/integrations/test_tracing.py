@@ -176,6 +176,22 @@ def test_a_failed_run_is_an_error_on_its_span_and_each_attempt_is_a_span_of_the_
         assert (event.attributes or {})["exception.message"] == "the bank is away for order 3"
 
 
+def test_a_bulk_enqueue_is_one_span_and_every_job_carries_its_context(
+    qdb: QueueDatabase, spans: InMemorySpanExporter
+) -> None:
+    queue = qdb.app()
+
+    @queue.task(name="orders.ship")
+    def ship(order_id: int) -> None: ...
+
+    with trace.get_tracer("tests").start_as_current_span("import orders"):
+        queue.enqueue_many("orders.ship", [{"order_id": n} for n in range(3)])
+    (enqueue,) = [span for span in spans.get_finished_spans() if span.name == "enqueue default"]
+    assert (enqueue.attributes or {})["messaging.batch.message_count"] == 3
+    carried = {tuple(json.loads(row.headers)["traceparent"].split("-")[1:3]) for row in job_rows(qdb.engine)}
+    assert carried == {(f"{enqueue.context.trace_id:032x}", f"{enqueue.context.span_id:016x}")}
+
+
 def test_an_event_added_in_a_trace_carries_it_and_a_failed_publish_is_an_error(
     qdb: QueueDatabase, spans: InMemorySpanExporter
 ) -> None:

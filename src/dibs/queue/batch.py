@@ -25,15 +25,26 @@ from dibs.dialects import Backend, backend_for
 from dibs.dialects.base import resolve_times
 from dibs.dialects.batch import BatchInsert
 from dibs.queue.dependencies import link
-from dibs.queue.enqueue import KEY_LIMIT, NewJob, checked_arguments, encoded_args, insert_jobs, new_job, refresh
+from dibs.queue.enqueue import KEY_LIMIT, NewJob, checked_arguments, encoded_args, insert_untraced, new_job, refresh
 from dibs.queue.job import Job
 from dibs.queue.task import Task
 from dibs.schema import QUEUED, aware, jobs
+from dibs.tracing import tracing
 
 _DELAY = "dibs_delay"
 _RUN_AT = "dibs_run_at"
 #: The columns every job of a call shares, bound once per statement.
-_SHARED = ("task", "queue", "priority", "status", "max_attempts", "dedupe_key", "tag", "on_parent_failure")
+_SHARED = (
+    "task",
+    "queue",
+    "priority",
+    "status",
+    "max_attempts",
+    "dedupe_key",
+    "tag",
+    "on_parent_failure",
+    "headers",
+)
 #: What a job holds when it was just inserted, beyond what the call gave: every field's default, and these.
 _FRESH = {
     **{field.name: field.default for field in fields(Job) if field.default is not MISSING},
@@ -120,12 +131,22 @@ def _insert(conn: Connection, backend: Backend, batch: Batch, channel: str | Non
 
 
 def insert_batch(conn: Connection, batch: Batch, channel: str | None) -> list[Job]:
-    """Insert the batch on ``conn`` (in its transaction); returns its jobs as stored, in order."""
+    """Insert the batch on ``conn`` (in its transaction), in an enqueue span when tracing; returns its jobs as
+    stored, in order."""
+    traced = tracing()
+    if traced is None:
+        return _insert_batch(conn, batch, channel)
+    with traced.enqueue(batch.first.values["queue"], len(batch.args)) as headers:
+        batch.first.values["headers"] = headers
+        return _insert_batch(conn, batch, channel)
+
+
+def _insert_batch(conn: Connection, batch: Batch, channel: str | None) -> list[Job]:
     first = batch.first
     backend = backend_for(conn.dialect)
     insert = None if first.values["dedupe_key"] is not None else _insert(conn, backend, batch, channel)
     if insert is None:  # each job with a dedupe key is looked for on its own, as are rows of drivers without ids
-        return insert_jobs(conn, jobs_of(batch), channel)
+        return insert_untraced(conn, jobs_of(batch), channel)
     parameters = {name: first.values[name] for name in (*_SHARED, "ordering_key")}
     if first.run_at is None:
         parameters[_DELAY] = backend.after_value(first.delay or 0.0)
@@ -146,7 +167,7 @@ def insert_batch(conn: Connection, batch: Batch, channel: str | None) -> list[Jo
 def _jobs(batch: Batch, stored: list[Any]) -> list[Job]:
     first = batch.first
     base = {**_FRESH, **first.values}
-    del base["on_parent_failure"]
+    del base["on_parent_failure"], base["headers"]
     keys = iter(batch.keys) if batch.keys is not None else None
     args = iter(batch.args)
     # The JSON was made by the encoder, without whitespace around it: the decoder's scanner reads it alone.

@@ -179,15 +179,16 @@ def insert_jobs(conn: Connection, new: Sequence[NewJob], notify_channel: str | N
     """Insert validated jobs on ``conn`` (in its transaction); returns them as stored, in order."""
     traced = tracing()
     if traced is None or not new:
-        return _insert_jobs(conn, new, notify_channel)
+        return insert_untraced(conn, new, notify_channel)
     queues = {job.values["queue"] for job in new}
     with traced.enqueue(queues.pop() if len(queues) == 1 else "*", len(new)) as headers:
         for job in new:
             job.values["headers"] = headers
-        return _insert_jobs(conn, new, notify_channel)
+        return insert_untraced(conn, new, notify_channel)
 
 
-def _insert_jobs(conn: Connection, new: Sequence[NewJob], notify_channel: str | None) -> list[Job]:
+def insert_untraced(conn: Connection, new: Sequence[NewJob], notify_channel: str | None) -> list[Job]:
+    """:func:`insert_jobs` without a span of its own (inside one already, or with tracing off)."""
     backend = backend_for(conn.dialect)
     stored: list[Job | None] = [None] * len(new)
     plain = [index for index, job in enumerate(new) if job.values["dedupe_key"] is None]
