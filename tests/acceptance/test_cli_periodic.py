@@ -48,4 +48,4 @@ def test_pausing_a_schedule_nobody_recorded_says_where_to_look(database: str, tm
     refused = run(database, tmp_path, "periodic", "pause", "nightly")
     assert refused.returncode == 1
     assert "no periodic job named 'nightly' is recorded" in refused.stderr
-    assert "dibs status" in refused.stderr
+    assert "dibs periodic list" in refused.stderr

@@ -144,7 +144,9 @@ def test_an_app_with_another_version_of_a_schedule_pauses_it_as_recorded(qdb: Qu
 
 def test_pausing_a_schedule_nobody_recorded_or_a_bad_name_is_refused(qdb: QueueDatabase) -> None:
     app = qdb.app()
-    with pytest.raises(dibs.InvalidArgument, match="no periodic job named 'nightly' is recorded"):
+    with pytest.raises(
+        dibs.InvalidArgument, match=r"no periodic job named 'nightly' is recorded.*`dibs periodic list`"
+    ):
         app.pause_periodic("nightly")
     with pytest.raises(dibs.InvalidArgument, match="no periodic job named 'nightly' is recorded"):
         app.resume_periodic("nightly")

@@ -144,6 +144,6 @@ class Pausing(AppBase):
                 if set_paused(self.engine, chosen, paused=paused):
                     return
         raise InvalidArgument(
-            f"no periodic job named {chosen!r} is recorded in this database: `dibs status` lists those that are "
+            f"no periodic job named {chosen!r} is recorded in this database: `dibs periodic list` shows those that are "
             "(a worker records its app's schedules as it starts)"
         )

@@ -301,9 +301,11 @@ class JobStore:
         """Record the latest progress of running jobs (lease, fraction, message), all in one transaction."""
         if not reports:
             return
+        # In id order, as other writes lock their rows: two transactions that lock the same rows in opposite
+        # orders can deadlock.
         rows = [
             {"dibs_id": lease.key[0], "dibs_token": lease.token, "dibs_progress": done, "dibs_message": message}
-            for lease, done, message in reports
+            for lease, done, message in sorted(reports, key=lambda report: report[0].key)
         ]
         with writing(engine) as conn:
             conn.execute(_PROGRESS, rows)
