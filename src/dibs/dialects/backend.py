@@ -164,6 +164,12 @@ class Backend(Protocol):
         byte for byte (nothing where the database's strings always did)."""
         ...
 
+    def keyed_text(self, name: str, key: sa.Column[Any]) -> ColumnElement[str] | None:
+        """The text that a JSON object of strings, bound as ``name`` (keys: the ``key`` column's values as
+        text), holds for this row, NULL where it holds none; read once per statement, looked up per row.
+        None where the database would read the object again for every row (callers then executemany)."""
+        ...
+
     def notify(self, channel: str) -> sa.Executable | None:
         """A statement that wakes the listeners of ``channel`` when its transaction commits (its
         ``dibs_payload`` parameter is the message), or None where the database cannot."""
@@ -267,6 +273,9 @@ class BackendDefaults:
     def make_names_exact(
         self, conn: Connection, table: sa.Table, columns: Sequence[sa.Column[Any]] | None = None
     ) -> None:
+        return None
+
+    def keyed_text(self, name: str, key: sa.Column[Any]) -> ColumnElement[str] | None:
         return None
 
     def notify(self, channel: str) -> sa.Executable | None:

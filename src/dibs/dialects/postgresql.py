@@ -212,6 +212,11 @@ class PostgreSQL(BackendDefaults):
     def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
         return postgresql.insert(table).on_conflict_do_nothing(index_elements=[unique], index_where=unique.is_not(None))
 
+    def keyed_text(self, name: str, key: sa.Column[Any]) -> ColumnElement[str] | None:
+        # As the fenced tokens: made jsonb once per statement (an InitPlan), each row's value found by key.
+        values = sa.select(sa.cast(sa.bindparam(name, type_=sa.String), postgresql.JSONB)).scalar_subquery()
+        return sa.cast(values.op("->>")(sa.cast(key, sa.Text)), sa.Text)
+
     def notify(self, channel: str) -> sa.Executable | None:
         statement = self._notify_statements.get(channel)
         if statement is None:

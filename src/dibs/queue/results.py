@@ -28,8 +28,10 @@ from sqlalchemy.engine import Engine
 from dibs._errors import InvalidArgument, JobFailed, JobNotFound, ResultTimeout
 from dibs.dialects import backend_for
 from dibs.dialects.backend import Listener
+from dibs.dialects.base import inline
 from dibs.engine import connected
-from dibs.schema import FINISHED, SUCCEEDED, jobs
+from dibs.lease import Lease
+from dibs.schema import FINISHED, RUNNING, SUCCEEDED, jobs
 
 #: The most bytes of JSON a task's result may take; a larger one fails the job instead.
 MAX_RESULT_BYTES = 1_000_000
@@ -50,10 +52,30 @@ FINISHED_CHANNEL = "dibs_finished"
 _PAYLOAD_LIMIT = 7_900
 
 
+#: One job's result, where results are not looked up by key (see Backend.keyed_text); fenced by its lease,
+#: as the completion that follows it in the same transaction.
+RESULT_WRITE = (
+    sa.update(jobs)
+    .where(
+        jobs.c.id == sa.bindparam("dibs_job"),
+        jobs.c.lease_token == sa.bindparam("dibs_token"),
+        jobs.c.status == inline(RUNNING),
+    )
+    .values({jobs.c.result: sa.bindparam("dibs_result", type_=jobs.c.result.type)})
+)
+
+
 def finished_payload(ids: Sequence[int]) -> str:
     """The payload announcing that these jobs finished: their ids, or "" (look at every wait) if too many."""
     text = ",".join(map(str, ids))
     return text if len(text) <= _PAYLOAD_LIMIT else ""
+
+
+def keyed_results(results: Sequence[tuple[Lease, str]]) -> str:
+    """The JSON texts of a batch's results as one JSON object by job id (see Backend.keyed_text)."""
+    # By token: of two leases of one job in a batch only the newer can hold, so its result wins.
+    ordered = sorted(results, key=lambda result: result[0].token)
+    return json.dumps({str(lease.key[0]): text for lease, text in ordered})
 
 
 def announced_ids(payload: str) -> set[int] | None:

@@ -27,7 +27,7 @@ from dibs.dialects.base import from_now, inline
 from dibs.engine import connected, writing
 from dibs.lease import Claimer, Lease, Leases
 from dibs.queue.dependencies import forget_parents, parent_results, settle_children, unsettled_parents
-from dibs.queue.results import FINISHED_CHANNEL, finished_payload
+from dibs.queue.results import FINISHED_CHANNEL, RESULT_WRITE, finished_payload, keyed_results
 from dibs.schema import (
     DEAD,
     FINISHED,
@@ -143,16 +143,8 @@ class JobStore:
         # Made once: a lease write is built and compiled once per expression it holds.
         self._retry_at = self.backend.after(RETRY_DELAY)
         self._announce = self.backend.notify(FINISHED_CHANNEL) if announce else None
-        # Fenced as the completion that follows it in the same transaction: a lost lease keeps no result.
-        self._result_write = (
-            sa.update(jobs)
-            .where(
-                jobs.c.id == sa.bindparam("dibs_job"),
-                jobs.c.lease_token == sa.bindparam("dibs_token"),
-                jobs.c.status == inline(RUNNING),
-            )
-            .values({jobs.c.result: sa.bindparam("dibs_result", type_=jobs.c.result.type)})
-        )
+        # Where the database can look each row's result up in one bound object: the completion sets them.
+        self._keyed_result = self.backend.keyed_text("dibs_results", jobs.c.id)
 
     # -- claim -------------------------------------------------------------------------------------
 
@@ -209,10 +201,10 @@ class JobStore:
         """Mark jobs succeeded, with the JSON ``results`` of those that returned a value, and announce them;
         returns the leases that were lost (those writes changed nothing).
 
-        Without results it is one fenced statement; with some, those go first in one executemany, in the same
-        transaction, each fenced by its lease."""
+        One fenced statement, setting the results too where the backend looks them up by key (PostgreSQL);
+        elsewhere they go first, in one executemany, in its transaction, each fenced by its lease."""
         with connected(conn) as connection:
-            if not results:
+            if not results or self._keyed_result is not None:
                 lost = self._finished(connection, claimed, results)
             else:
                 with self.backend.transaction(connection):
@@ -225,12 +217,15 @@ class JobStore:
     ) -> list[Lease]:
         """Write the results, then mark the jobs succeeded, all fenced, in ``connection``'s transaction (or,
         with no results, the one the lease write opens); returns the leases lost."""
-        if results:
-            kept = [
-                {"dibs_job": lease.key[0], "dibs_token": lease.token, "dibs_result": text} for lease, text in results
-            ]
-            connection.execute(self._result_write, kept)
-        return leases.complete_many(connection, claimed, status=SUCCEEDED, set={jobs.c.dedupe_key: None})
+        done: dict[Any, Any] = {jobs.c.dedupe_key: None}
+        parameters: dict[str, Any] = {}
+        if results and self._keyed_result is not None:
+            done[jobs.c.result] = self._keyed_result
+            parameters["dibs_results"] = keyed_results(results)
+        elif results:
+            kept = [{"dibs_job": held.key[0], "dibs_token": held.token, "dibs_result": text} for held, text in results]
+            connection.execute(RESULT_WRITE, kept)
+        return leases.complete_many(connection, claimed, status=SUCCEEDED, set=done, parameters=parameters)
 
     def succeed_in(self, conn: Connection, lease: Lease, result: str | None) -> bool:
         """In ``conn``'s open transaction: mark the job succeeded with the JSON of its result, fenced by its
@@ -260,8 +255,7 @@ class JobStore:
         if lost:
             gone = {(lease.key, lease.token) for lease in lost}
             finished = [lease for lease in finished if (lease.key, lease.token) not in gone]
-        # The finish is written: a failed announcement must not make it look unwritten (waiters still look
-        # at their next poll).
+        # The finish is written: a failed announcement must not make it look unwritten (waiters poll anyway).
         with contextlib.suppress(sa.exc.DBAPIError):
             self.announce(conn, [lease.key[0] for lease in finished])
 
