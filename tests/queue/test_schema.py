@@ -7,7 +7,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from datetime import timedelta, timezone
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
@@ -15,6 +17,7 @@ from sqlalchemy.engine import Connection
 
 import dibs
 from dibs.schema import LATEST, MIGRATIONS, Migration, current_version, require_current
+from dibs.schema.migrations import MIGRATE_TRIES
 from tests.helpers import wait_until
 from tests.helpers.network import answers, free_port, outward_address
 from tests.queue.database import QueueDatabase
@@ -377,3 +380,39 @@ def test_migrations_record_when_they_ran_in_utc_whatever_the_session_time_zone(e
     for applied_at in moments:
         aware = applied_at if applied_at.tzinfo is not None else applied_at.replace(tzinfo=timezone.utc)
         assert abs(aware - database_now(engine)) < timedelta(minutes=1)
+
+
+def _colliding_steps(count: int, *, progress: bool) -> tuple[Migration, ...]:
+    """Steps that each collide once with another process's migration: that process records the step (when
+    ``progress``) and this one's statement fails, as a duplicate column or version row would."""
+
+    def colliding(version: int) -> Callable[[Connection], None]:
+        def apply(conn: Connection) -> None:
+            if progress:
+                with conn.engine.begin() as other:
+                    other.execute(
+                        dibs.schema.schema_versions.insert().values(
+                            version=version, applied_at=datetime.now(timezone.utc)
+                        )
+                    )
+            conn.exec_driver_sql("SELECT * FROM a_table_another_migration_dropped")
+
+        return apply
+
+    return tuple(Migration(version=v, description=f"step {v}", apply=colliding(v)) for v in range(1, count + 1))
+
+
+def test_migrate_goes_on_through_many_collisions_while_others_record_steps(tmp_path: Path) -> None:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'collide.sqlite'}")
+    steps = _colliding_steps(3 * MIGRATE_TRIES, progress=True)
+    assert dibs.migrate(engine, steps) == []  # every step was recorded by the other process
+    assert current_version(engine) == len(steps)
+    engine.dispose()
+
+
+def test_migrate_gives_up_when_collisions_go_on_and_nobody_records_a_step(tmp_path: Path) -> None:
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'stuck.sqlite'}")
+    with pytest.raises(sa.exc.OperationalError, match="a_table_another_migration_dropped"):
+        dibs.migrate(engine, _colliding_steps(1, progress=False))
+    assert current_version(engine) == 0
+    engine.dispose()

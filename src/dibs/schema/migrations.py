@@ -165,7 +165,7 @@ def _newest_applied(conn: Connection) -> int:
     return int(conn.execute(sa.select(sa.func.coalesce(sa.func.max(schema_versions.c.version), 0))).scalar_one())
 
 
-#: How many times migrate() tries when its statements collide with another process migrating the database.
+#: How many collisions in a row, with no step recorded by anyone in between, make migrate() give up.
 MIGRATE_TRIES = 6
 
 
@@ -188,17 +188,32 @@ def migrate(bind: Engine | Connection, migrations: tuple[Migration, ...] = MIGRA
         True
     """
     applied: list[Migration] = []
-    for attempt in range(1, MIGRATE_TRIES + 1):
+    stalled, newest = 0, -1
+    while True:
         try:
             _apply_missing(bind, migrations, applied)
             return applied
         except sa.exc.DBAPIError:
-            if attempt == MIGRATE_TRIES:
-                raise
             if isinstance(bind, Connection) and bind.in_transaction():
                 bind.rollback()
-            time.sleep(0.05 * attempt)
-    return applied
+            # A collision while others record steps is progress, however many steps there are: only
+            # collisions with nothing recorded in between count towards giving up.
+            recorded = _version_or_none(bind)
+            stalled = 0 if recorded is not None and recorded > newest else stalled + 1
+            newest = max(newest, recorded or 0)
+            if stalled >= MIGRATE_TRIES:
+                raise
+            time.sleep(0.05 * (stalled + 1))
+
+
+def _version_or_none(bind: Engine | Connection) -> int | None:
+    """The newest step recorded, or None if the database cannot say now."""
+    try:
+        return current_version(bind)
+    except sa.exc.DBAPIError:
+        if isinstance(bind, Connection) and bind.in_transaction():
+            bind.rollback()
+        return None
 
 
 def _apply_missing(bind: Engine | Connection, migrations: tuple[Migration, ...], applied: list[Migration]) -> None:
