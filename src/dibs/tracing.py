@@ -11,8 +11,9 @@ Spans follow the messaging semantic conventions (``messaging.system`` is ``dibs`
   added in (``traceparent`` in its headers, which publishers send on); a batch of one event continues
   its trace, a larger one links to each.
 
-:func:`tracing` decides once per process whether the API is there; without it every caller holds None and
-pays one comparison, no import, no span object.
+:func:`tracing` decides once per process whether the API is there; :func:`active` also whether the application
+set a tracer provider (a worker and a relay ask once, as they are made). Without either every caller holds
+None and pays one comparison, no import, no span object.
 """
 
 from __future__ import annotations
@@ -39,6 +40,13 @@ def tracing() -> Tracing | None:
     return Tracing(trace, propagate)
 
 
+def active() -> Tracing | None:
+    """The tracing of this process if the API is installed and the application set a tracer provider, else None
+    (spans no SDK records would cost a worker's every job for nothing)."""
+    traced = tracing()
+    return traced if traced is not None and traced.recording() else None
+
+
 class Tracing:
     """dibs's spans, over the OpenTelemetry API's ``trace`` and ``propagate`` modules."""
 
@@ -48,6 +56,11 @@ class Tracing:
         self._kind = trace.SpanKind
         # A proxy until the application sets its tracer provider, which it may do after this.
         self._tracer = trace.get_tracer(SCOPE, _version())
+
+    def recording(self) -> bool:
+        """Whether the application set a tracer provider (the API's own defaults record nothing)."""
+        provider = self._trace.get_tracer_provider()
+        return not isinstance(provider, (self._trace.ProxyTracerProvider, self._trace.NoOpTracerProvider))
 
     # -- carrying a context ------------------------------------------------------------------------
 

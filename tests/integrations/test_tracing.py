@@ -241,7 +241,7 @@ import sqlalchemy as sa
 import dibs
 from dibs.outbox.publishers import Publisher
 from dibs.schema import jobs
-from dibs.tracing import tracing
+from dibs.tracing import active, tracing
 
 app = dibs.App(sys.argv[1])
 outbox = dibs.Outbox(app.engine)
@@ -260,6 +260,7 @@ with app.engine.connect() as conn:
     headers = conn.execute(sa.select(jobs.c.headers)).scalar_one()
 print(json.dumps({
     "tracing": tracing() is not None,
+    "active": active() is not None,
     "loaded": "opentelemetry" in sys.modules,
     "succeeded": worked.succeeded,
     "published": relayed.published,
@@ -282,6 +283,7 @@ def test_without_the_api_or_a_tracer_provider_work_goes_on_and_no_context_is_wri
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen == {
         "tracing": api != "absent",
+        "active": False,
         "loaded": api != "absent",
         "succeeded": 1,
         "published": 1,

@@ -21,7 +21,7 @@ from dibs._checks import checked_text
 from dibs._errors import InvalidArgument
 from dibs.dialects import Backend, backend_for
 from dibs.schema import DEFAULT_TARGET, PENDING, aware, outbox
-from dibs.tracing import tracing
+from dibs.tracing import active
 
 #: PostgreSQL wakes idle relays on this channel when events are added (the payload names their targets).
 CHANNEL = "dibs_outbox"
@@ -153,7 +153,7 @@ def new_event(
             f"the payload of a {event_type!r} event takes {size:,} bytes as JSON, over the limit of "
             f"{max_payload_bytes:,}; publish a reference to large data instead, or raise Outbox(max_payload_bytes=)"
         )
-    traced = tracing()
+    traced = active()
     if traced is not None:
         headers = traced.with_context(headers)
     return {**names, "payload": encoded, "headers": None if headers is None else _encoded_headers(headers)}

@@ -18,7 +18,7 @@ from dibs.outbox.publishers import Publisher
 from dibs.outbox.stage import OUTAGE_WAIT
 from dibs.runtime import Backoff, Wakeup
 from dibs.schema import PROCESSING
-from dibs.tracing import tracing
+from dibs.tracing import active
 
 log = logging.getLogger("dibs.relay")
 
@@ -33,7 +33,7 @@ class Publishing:
         #: While the broker cannot be reached: seconds to wait before the next claim; 0 when it can.
         self.outage_wait = 0.0
         self._outage = Backoff(first=0.5, most=OUTAGE_WAIT)
-        self._tracing = tracing()
+        self._tracing = active()
 
     async def connect(self, *, give_up: bool, stopping: Callable[[], bool]) -> None:
         """Connect the publisher, waiting for its broker while it cannot be reached, unless ``give_up``."""

@@ -29,7 +29,7 @@ from dibs.queue.enqueue import KEY_LIMIT, NewJob, checked_arguments, encoded_arg
 from dibs.queue.job import Job
 from dibs.queue.task import Task
 from dibs.schema import QUEUED, aware, jobs
-from dibs.tracing import tracing
+from dibs.tracing import active
 
 _DELAY = "dibs_delay"
 _RUN_AT = "dibs_run_at"
@@ -133,7 +133,7 @@ def _insert(conn: Connection, backend: Backend, batch: Batch, channel: str | Non
 def insert_batch(conn: Connection, batch: Batch, channel: str | None) -> list[Job]:
     """Insert the batch on ``conn`` (in its transaction), in an enqueue span when tracing; returns its jobs as
     stored, in order."""
-    traced = tracing()
+    traced = active()
     if traced is None:
         return _insert_batch(conn, batch, channel)
     with traced.enqueue(batch.first.values["queue"], len(batch.args)) as headers:

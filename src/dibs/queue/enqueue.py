@@ -35,7 +35,7 @@ from dibs.schema import (
     WAITING,
     jobs,
 )
-from dibs.tracing import tracing
+from dibs.tracing import active
 
 #: PostgreSQL wakes idle workers on this channel when jobs are enqueued.
 CHANNEL = "dibs_jobs"
@@ -177,7 +177,7 @@ def encoded_args(task: Task, arguments: Mapping[str, Any], max_args_bytes: int) 
 
 def insert_jobs(conn: Connection, new: Sequence[NewJob], notify_channel: str | None) -> list[Job]:
     """Insert validated jobs on ``conn`` (in its transaction); returns them as stored, in order."""
-    traced = tracing()
+    traced = active()
     if traced is None or not new:
         return insert_untraced(conn, new, notify_channel)
     queues = {job.values["queue"] for job in new}

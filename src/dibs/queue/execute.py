@@ -27,7 +27,7 @@ from dibs.queue.task import Task
 from dibs.queue.transactional import Ran, TransactionalContext, Transactions
 from dibs.queue.typed_arguments import Mismatch
 from dibs.queue.writes import JobWrites
-from dibs.tracing import Tracing, tracing
+from dibs.tracing import Tracing, active
 
 log = logging.getLogger("dibs.worker")
 
@@ -88,7 +88,7 @@ class Runners:
         #: What the running jobs report of their progress, written once a second.
         self.progress = ProgressWrites(writes.shared, self._lease_of)
         # Decided once: without the OpenTelemetry API a run costs one comparison more, nothing else.
-        self._tracing = tracing()
+        self._tracing = active()
 
     def _lease_of(self, context: JobContext) -> Lease | None:
         """The lease of the job this context belongs to, while it runs here."""

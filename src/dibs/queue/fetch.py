@@ -22,7 +22,7 @@ from dibs.queue.stage import Shared
 from dibs.queue.store import HEADERS_AT, WorkLeft
 from dibs.queue.writes import JobWrites
 from dibs.runtime import Backoff, Wakeup
-from dibs.tracing import tracing
+from dibs.tracing import active
 
 log = logging.getLogger("dibs.worker")
 
@@ -131,7 +131,7 @@ class Fetcher:
         self.stopping = stopping
         #: Prometheus metrics, when the worker serves them.
         self.metrics: Metrics | None = None
-        self._tracing = tracing()
+        self._tracing = active()
 
     async def run(self) -> None:
         """Claim and hand over jobs until the worker stops (or, in a burst, until no job is left)."""
