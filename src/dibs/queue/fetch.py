@@ -17,9 +17,10 @@ from collections.abc import Callable
 from dibs._errors import SchemaMissing
 from dibs.lease import Lease
 from dibs.metrics import Metrics
+from dibs.queue.maintenance import WorkLeft
 from dibs.queue.settings import WorkerSettings
 from dibs.queue.stage import Shared
-from dibs.queue.store import HEADERS_AT, WorkLeft
+from dibs.queue.store import HEADERS_AT
 from dibs.queue.writes import JobWrites
 from dibs.runtime import Backoff, Wakeup
 from dibs.tracing import active

@@ -6,8 +6,9 @@
   No job of a paused queue is claimed.
 * finish: succeeded, retry (back to ``scheduled`` with a new run time), dead, or cancelled, each a
   token-fenced lease write, batched.
-* upkeep, apart from the claim: scheduled jobs whose time came become queued; expired leases (a
-  crashed worker) go back to queued, or to dead after their last attempt; finished jobs are purged.
+* upkeep, apart from the claim: expired leases (a crashed worker) go back to queued, or to dead after
+  their last attempt; promoting scheduled jobs, purging and the probes of a burst's end are in
+  :mod:`dibs.queue.maintenance`.
 """
 
 from __future__ import annotations
@@ -15,18 +16,18 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Sequence
 from datetime import timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from dibs._checks import ERROR_LIMIT
-from dibs.claim import claim
 from dibs.dialects import backend_for
-from dibs.dialects.base import from_now, inline
+from dibs.dialects.base import inline
 from dibs.engine import connected, writing
 from dibs.lease import Claimer, Lease, Leases
-from dibs.queue.dependencies import forget_parents, parent_results, settle_children, unsettled_parents
+from dibs.queue.dependencies import parent_results, settle_children, unsettled_parents
+from dibs.queue.maintenance import WorkLeft, promote_due, purge, purgeable, queue_paused, work_left
 from dibs.queue.results import FINISHED_CHANNEL, RESULT_WRITE, finished_payload, keyed_results
 from dibs.schema import (
     DEAD,
@@ -37,7 +38,6 @@ from dibs.schema import (
     SCHEDULED,
     SUCCEEDED,
     jobs,
-    queues,
 )
 
 RETRY_DELAY = "dibs_retry_delay"
@@ -83,13 +83,6 @@ def _key_taken() -> sa.ColumnElement[bool]:
     )
 
 
-def _queue_paused() -> sa.ColumnElement[bool]:
-    """Whether the job's queue is paused. An IN over the paused names is read once per statement and leaves
-    the claim's index scan as it was; a correlated EXISTS let PostgreSQL plan an anti-join over every queued
-    job, which made a claim read the whole backlog."""
-    return jobs.c.queue.in_(sa.select(queues.c.name).where(queues.c.paused.is_(True)))
-
-
 #: The columns of a claimed job's row, in order: the lease's own (key, token, expiry), what the worker reads
 #: (decoding the other columns cost more than the claim), and the order's columns (returned, the claim
 #: sorts its rows itself instead of having the database join them back to the picked order, on
@@ -116,15 +109,6 @@ ID_AT, TASK_AT, ARGS_AT, ATTEMPTS_AT, HAS_CHILDREN_AT, HAS_PARENTS_AT, QUEUE_AT,
     _CLAIMED_NAMES.index(name)
     for name in ("id", "task", "args", "attempts", "has_children", "on_parent_failure", "queue", "headers")
 )
-
-
-class WorkLeft(NamedTuple):
-    """Which jobs of a worker's queues and tasks are left: queued, scheduled (a retry waiting for its
-    time), or running under a lease (in another worker, or in one that crashed, until it expires)."""
-
-    queued: bool
-    scheduled: bool
-    running: bool
 
 
 class JobStore:
@@ -185,7 +169,7 @@ class JobStore:
                 jobs.c.task.in_([inline(task) for task in tasks]),
                 sa.or_(jobs.c.tag.is_(None), tagged),
                 sa.or_(jobs.c.ordering_key.is_(None), ~_key_taken()),
-                ~_queue_paused(),
+                ~queue_paused(),
             ],
             order_by=[jobs.c.priority.desc(), jobs.c.run_at, jobs.c.id],
             set={jobs.c.started_at: self.backend.now()},
@@ -317,58 +301,14 @@ class JobStore:
         self, conn: Engine | Connection, queues: Sequence[str], tasks: Sequence[str], tags: Sequence[str] = ()
     ) -> WorkLeft:
         """Whether any job of these queues and tasks, untagged or of these tags, is queued, scheduled or
-        running (with a lease): three probes, each answered from a partial index, however many finished
-        jobs the table holds (a burst worker asks this each time a claim comes back empty; counting every
-        job per state read the whole table).
-
-        Each probe asks for the first job in the order of its state's index (LIMIT 1), not whether one
-        EXISTS: PostgreSQL plans an EXISTS as a scan of the whole table when its statistics, taken while a
-        backlog waited, say most rows match, and the end of a drain then read every finished row at each
-        look (5-40 ms at 50,000 rows); MariaDB and SQLite did the same for the queued probe. The first row
-        in index order is read from the index whatever the statistics say."""
-        tagged = jobs.c.tag.in_(sa.bindparam("dibs_tags", expanding=True)) if tags else sa.false()
-        in_queues = sa.and_(
-            jobs.c.queue.in_(sa.bindparam("dibs_queues", expanding=True)),
-            jobs.c.task.in_(sa.bindparam("dibs_tasks", expanding=True)),
-            sa.or_(jobs.c.tag.is_(None), tagged),
-        )
-
-        def state(name: str) -> sa.ColumnElement[bool]:
-            # A literal: SQLite uses a partial index only for a query that repeats its condition as written.
-            return jobs.c.status == sa.literal(name, literal_execute=True)
-
-        def first(where: sa.ColumnElement[bool], *order: sa.ColumnElement[object]) -> sa.ColumnElement[bool]:
-            return sa.select(jobs.c.id).where(where, in_queues).order_by(*order).limit(1).scalar_subquery().is_not(None)
-
-        probes = sa.select(
-            # The claim index's first column: a list of queues still reads it in order, and no database
-            # sorts (MariaDB before 10.8 keeps the index's priority ascending, and sorted for the whole key).
-            # A paused queue's jobs are not left for a worker: a burst ends without them.
-            first(sa.and_(state(QUEUED), ~_queue_paused()), jobs.c.queue),
-            first(state(SCHEDULED), jobs.c.run_at),
-            first(sa.and_(state(RUNNING), jobs.c.lease_expires_at.is_not(None)), jobs.c.lease_expires_at),
-        )
-        parameters = {"dibs_queues": list(queues), "dibs_tasks": list(tasks)}
-        if tags:
-            parameters["dibs_tags"] = list(tags)
-        with connected(conn) as connection:
-            found = connection.execute(probes, parameters).one()
-        return WorkLeft(*(bool(value) for value in found))
+        running (see :func:`~dibs.queue.maintenance.work_left`)."""
+        return work_left(conn, queues, tasks, tags)
 
     # -- upkeep ------------------------------------------------------------------------------------
 
     def promote_due(self, conn: Engine | Connection, limit: int = UPKEEP_BATCH) -> int:
         """Scheduled jobs whose run time has come on the database clock become queued; returns how many."""
-        rows = claim(
-            conn,
-            jobs,
-            where=[jobs.c.status == inline(SCHEDULED), jobs.c.run_at <= self.backend.now()],
-            set={jobs.c.status: QUEUED},
-            limit=limit,
-            # In the due index's order: read from the index whatever the statistics say (see work_left).
-            order_by=[jobs.c.run_at],
-        )
-        return len(rows)
+        return promote_due(conn, self.backend, limit)
 
     def settle_children(self, conn: Engine | Connection, parents: Sequence[int]) -> None:
         """Queue or cancel the waiting children of these finished jobs, in one transaction of its own, and
@@ -415,26 +355,11 @@ class JobStore:
         self, conn: Engine | Connection, older_than: timedelta, statuses: Sequence[str] = FINISHED, limit: int = 10_000
     ) -> int:
         """Delete up to ``limit`` finished jobs that finished more than ``older_than`` ago; returns how many."""
-        rows = claim(conn, jobs, where=self._purged(older_than, statuses), delete=True, limit=limit)
-        if rows:
-            # The purged jobs' own links to their parents go with them; links from children to a purged
-            # parent stay, since those children read its result as None.
-            with connected(conn) as connection, self.backend.transaction(connection):
-                forget_parents(connection, [row.id for row in rows])
-        return len(rows)
+        return purge(conn, self.backend, older_than, statuses, limit)
 
     def purgeable(self, conn: Engine | Connection, older_than: timedelta, statuses: Sequence[str]) -> dict[str, int]:
         """How many jobs purge() with these arguments would delete, per state (states with none left out)."""
-        query = (
-            sa.select(jobs.c.status, sa.func.count()).where(*self._purged(older_than, statuses)).group_by(jobs.c.status)
-        )
-        with connected(conn) as connection:
-            return {str(state): int(count) for state, count in connection.execute(query).all()}
-
-    def _purged(self, older_than: timedelta, statuses: Sequence[str]) -> list[sa.ColumnElement[bool]]:
-        cutoff = from_now(self.backend, -older_than.total_seconds())
-        # A job whose children were not settled yet is kept: upkeep settles them from it.
-        return [jobs.c.status.in_(list(statuses)), jobs.c.finished_at < cutoff, jobs.c.has_children == sa.false()]
+        return purgeable(conn, self.backend, older_than, statuses)
 
 
 def error_text(error: BaseException, formatted: str) -> str:
