@@ -90,10 +90,12 @@ class DyingStore(RecordingStore):
             die(self.recorder, "after-claim")
         return claimed
 
-    def succeed(self, conn: Engine | Connection, held: Sequence[Lease]) -> list[Lease]:
+    def succeed(
+        self, conn: Engine | Connection, held: Sequence[Lease], results: Sequence[tuple[Lease, str]] = ()
+    ) -> list[Lease]:
         if held and self.dice.roll("before-complete"):
             die(self.recorder, "before-complete")
-        return super().succeed(conn, held)
+        return super().succeed(conn, held, results)
 
     def succeed_in(self, conn: Connection, lease: Lease, result: str | None) -> bool:
         if self.dice.roll("before-complete"):
