@@ -89,4 +89,5 @@ def test_the_node_peers_drain_and_start_jobs_beside_dibs(tmp_path: Path) -> None
     drained = {(trial["kind"], trial["setting"]) for trial in result["trials"]}
     assert drained == {("graphile-worker", "j24/q500"), ("graphile-worker", "j48/q1000"), ("pg-boss", "b500"),
                        ("pg-boss", "b1000")}  # fmt: skip
-    assert [entry["kind"] for entry in result["latency"]] == ["dibs", "graphile-worker"]
+    assert [entry["kind"] for entry in result["latency"]] == ["dibs", "graphile-worker", "pg-boss"]
+    assert all(entry["jobs"] == 100 and entry["p50_ms"] > 0 for entry in result["latency"])
