@@ -83,7 +83,7 @@ jobs = sa.Table(
     # What the task last reported of how far it has got, 0 to 1, and its message; written while it runs, at
     # most once a second, by the worker that holds its lease.
     sa.Column("progress", sa.Double, nullable=True),
-    sa.Column("progress_message", sa.String(PROGRESS_MESSAGE_LIMIT), nullable=True),
+    sa.Column("progress_message", Name(PROGRESS_MESSAGE_LIMIT), nullable=True),
     # The enqueuer's trace context as JSON (W3C traceparent and tracestate), when it enqueued inside a trace.
     sa.Column("headers", sa.Text, nullable=True),
 )
