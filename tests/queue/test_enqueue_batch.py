@@ -62,6 +62,40 @@ def test_a_batch_returns_its_jobs_exactly_as_stored_in_order(qdb: QueueDatabase)
     assert app.enqueue_many(reindex, []) == []
 
 
+def test_enqueues_give_the_same_jobs_whether_or_not_someone_watches_the_engine(qdb: QueueDatabase) -> None:
+    # Unwatched, enqueue runs its statement on the driver's cursor; a cursor listener (a tracer, echo) gets
+    # SQLAlchemy's own execution instead. Both must store and return the same jobs.
+    app, reindex = shop_app(qdb)
+    seen: list[str] = []
+
+    def enqueue_each_way() -> list[Job]:
+        made = [app.enqueue(reindex, {"shop": 1}), *app.enqueue_many(reindex, [{"shop": 2}, {"shop": 3}])]
+        made.append(app.enqueue(reindex, {"shop": 4}, delay=60, priority=3, tag="t"))
+        with app.engine.begin() as conn:
+            made.append(app.enqueue(reindex, {"shop": 5}, conn=conn))
+            made.extend(app.enqueue_many(reindex, [{"shop": 6}, {"shop": 7}], conn=conn))
+        return made
+
+    def look(conn: object, cursor: object, statement: str, *rest: object) -> None:
+        seen.append(statement)
+
+    quiet = enqueue_each_way()
+    sa.event.listen(app.engine, "before_cursor_execute", look)
+    try:
+        watched = enqueue_each_way()
+    finally:
+        sa.event.remove(app.engine, "before_cursor_execute", look)
+    assert sum("INSERT INTO dibs_jobs" in statement for statement in seen) == 5  # a listener sees every insert
+    assert stored(qdb) == [*quiet, *watched]
+    for fast, slow in zip(quiet, watched, strict=True):
+        assert [type(getattr(fast, name)) for name in ("id", "run_at", "enqueued_at", "args")] == [
+            type(getattr(slow, name)) for name in ("id", "run_at", "enqueued_at", "args")
+        ]
+        assert fast.run_at.tzinfo is not None
+        assert fast.enqueued_at.tzinfo is not None
+        assert (fast.status, fast.priority, fast.tag) == (slow.status, slow.priority, slow.tag)
+
+
 def test_a_batch_after_other_jobs_waits_for_them_and_is_queued_when_they_are_done(qdb: QueueDatabase) -> None:
     app, reindex = shop_app(qdb)
     parent = app.enqueue(reindex, {"shop": 1})

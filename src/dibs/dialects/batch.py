@@ -22,6 +22,8 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement
 
+from dibs.dialects import driver
+
 #: The largest statement of a batch, by rows and by the bytes of its differing text values.
 ROWS_LIMIT = 512
 BYTES_LIMIT = 4_000_000
@@ -109,7 +111,8 @@ class ValuesInsert:
             **{column: sa.bindparam(f"dibs_{column}", type_=table.c[column].type) for column in varying},
         }
         #: One row gives its shared columns back with its id: one round trip for a job enqueued alone.
-        self.single = sa.insert(table).values(values).returning(table.c.id, *self.read)
+        self._single_columns = [table.c.id, *self.read]
+        self.single = sa.insert(table).values(values).returning(*self._single_columns)
         self._one_row = sa.insert(table).values(values).returning(table.c.id)
         self._read = sa.select(*self.read).where(table.c.id == sa.bindparam("dibs_first_id"))
         self._compiled: Any = None
@@ -146,7 +149,7 @@ class ValuesInsert:
     ) -> list[Stored]:
         if len(next(iter(columns.values()))) == 1:
             bound = {**parameters, **{f"dibs_{column}": columns[column][0] for column in self.varying}}
-            row = conn.execute(self.single, bound).one()
+            (row,) = driver.fetch_values(conn, self.single, bound, self._single_columns)
             return [Stored([row[0]], tuple(row[1:]))]
         compiled = self._prepare(conn)
         shared = {

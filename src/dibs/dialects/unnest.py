@@ -28,12 +28,15 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement
 
+from dibs.dialects import driver
 from dibs.dialects.batch import Stored, chunks
 
 _ENCODER = json.JSONEncoder()
 #: Rows per statement: bounded so that one statement's arrays stay a few megabytes for small arguments.
 ROWS_LIMIT = 65_536
 BYTES_LIMIT = 32_000_000
+#: A statement and the columns it returns.
+_Built = tuple[sa.Select[Any] | sa.Insert, list[ColumnElement[Any]]]
 
 
 class ArrayInsert:
@@ -49,15 +52,15 @@ class ArrayInsert:
     ) -> None:
         self.table, self.shared, self.varying, self.read = table, dict(shared), tuple(varying), tuple(read)
         self.channel = channel
-        self._statements: dict[tuple[bool, bool], sa.Select[Any] | sa.Insert] = {}
+        self._statements: dict[tuple[bool, bool], _Built] = {}
 
-    def _statement(self, single: bool, notify: bool) -> sa.Select[Any] | sa.Insert:
+    def _statement(self, single: bool, notify: bool) -> _Built:
         built = self._statements.get((single, notify))
         if built is None:
             built = self._statements[single, notify] = self._build(single, notify and self.channel is not None)
         return built
 
-    def _build(self, single: bool, notify: bool) -> sa.Select[Any] | sa.Insert:
+    def _build(self, single: bool, notify: bool) -> _Built:
         columns = [*self.shared, *self.varying]
         if single:
             insert = sa.insert(self.table).values(
@@ -78,7 +81,7 @@ class ArrayInsert:
             insert = sa.insert(self.table).from_select(columns, source)
         returning = insert.returning(self.table.c.id, *self.read)
         if single and not notify:
-            return returning
+            return returning, [self.table.c.id, *self.read]
         new = returning.cte("dibs_new")
         if single:
             picked: list[ColumnElement[Any]] = [new.c.id, *(new.c[column.name] for column in self.read)]
@@ -87,7 +90,7 @@ class ArrayInsert:
             picked = [sa.func.array_agg(ordered), *(sa.func.min(new.c[column.name]) for column in self.read)]
         if notify:
             picked.append(sa.func.pg_notify(self.channel, sa.bindparam("dibs_payload", type_=sa.String)))
-        return sa.select(*picked).select_from(new)
+        return sa.select(*picked).select_from(new), picked
 
     def run(
         self, conn: Connection, parameters: Mapping[str, Any], columns: Mapping[str, Sequence[Any]]
@@ -97,12 +100,13 @@ class ArrayInsert:
         for at, (start, end) in enumerate(spans):
             single = end - start == 1
             # The last statement notifies: the listeners look once the whole batch is in.
-            statement = self._statement(single, at == len(spans) - 1 and "dibs_payload" in parameters)
+            statement, returned = self._statement(single, at == len(spans) - 1 and "dibs_payload" in parameters)
             bound = dict(parameters)
             for column in self.varying:
                 values = columns[column]
                 bound[f"dibs_{column}"] = values[start] if single else _ENCODER.encode(values[start:end])
-            row = conn.execute(statement, bound).one()
+            # On the driver's cursor: SQLAlchemy's work around a statement costs more than a one-row INSERT.
+            (row,) = driver.fetch_values(conn, statement, bound, returned)
             ids = [row[0]] if single else list(row[0])
             found.append(Stored(ids, tuple(row[1 : 1 + len(self.read)])))
         return found

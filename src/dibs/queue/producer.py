@@ -97,9 +97,12 @@ class Enqueueing(AppBase):
         ):
             # One INSERT is atomic on its own: in autocommit it is one round trip instead of three (BEGIN,
             # INSERT, COMMIT), and the notification it sends is delivered with it.
-            with self._tables(), self.engine.connect() as connection:
-                autocommit = connection.execution_options(isolation_level="AUTOCOMMIT")
-                return self._waited(insert_batch(autocommit, batch, self._channel()))
+            with (
+                self._tables(),
+                self.engine.connect() as connection,
+                self.store.backend.one_statement(connection, owned=True),
+            ):
+                return self._waited(insert_batch(connection, batch, self._channel()))
         return self._write(conn, lambda connection: insert_batch(connection, batch, self._channel()))
 
     async def aenqueue(
