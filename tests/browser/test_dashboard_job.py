@@ -3,33 +3,18 @@ it, and its state and progress kept up to date while it is not finished, without
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
-import sqlalchemy as sa
 
 import dibs
 from tests.browser.support import serve
 from tests.helpers import wait_until
 
 
-@pytest.fixture
-def app(dashboard_url: sa.URL) -> Iterator[dibs.App]:
-    app = dibs.App(dibs.create_engine(dashboard_url))
-
-    @app.task(name="shop.export")
-    def export() -> None: ...
-
-    yield app
-    app.engine.dispose()
-
-
-def test_a_jobs_page_links_the_jobs_it_waits_for_and_those_waiting_for_it(app: dibs.App, page: Any) -> None:
-    export = app.tasks["shop.export"]
-    first, second = app.enqueue(export, {}), app.enqueue(export, {})
-    child = app.enqueue(export, {}, after=[second, first])
-    served = serve(app)
+def test_a_jobs_page_links_the_jobs_it_waits_for_and_those_waiting_for_it(export_app: dibs.App, page: Any) -> None:
+    export = export_app.tasks["shop.export"]
+    first, second = export_app.enqueue(export, {}), export_app.enqueue(export, {})
+    child = export_app.enqueue(export, {}, after=[second, first])
+    served = serve(export_app)
     try:
         page.goto(f"{served.url}/jobs/{child.id}")
         rows = page.locator("#parents tbody tr")
@@ -44,26 +29,26 @@ def test_a_jobs_page_links_the_jobs_it_waits_for_and_those_waiting_for_it(app: d
         served.stop()
 
 
-def test_a_running_jobs_page_follows_its_progress_and_end_without_a_reload(app: dibs.App, page: Any) -> None:
-    app.enqueue(app.tasks["shop.export"], {})
+def test_a_running_jobs_page_follows_its_progress_and_end_without_a_reload(export_app: dibs.App, page: Any) -> None:
+    export_app.enqueue(export_app.tasks["shop.export"], {})
     where = {"queues": ["default"], "tasks": ["shop.export"], "tags": []}
-    [lease] = app.store.claim(app.engine, owner="w", lease_seconds=30, limit=1, **where)
-    served = serve(app)
+    [lease] = export_app.store.claim(export_app.engine, owner="w", lease_seconds=30, limit=1, **where)
+    served = serve(export_app)
     try:
         page.goto(f"{served.url}/jobs/{lease.key[0]}")
         assert page.locator("#job-live .status").inner_text() == "running"
         assert page.locator("#progress progress").count() == 0
         page.evaluate("window.notReloaded = true")
-        app.store.write_progress(app.engine, [(lease, 0.5, "halfway")])
+        export_app.store.write_progress(export_app.engine, [(lease, 0.5, "halfway")])
         page.locator("#progress .message").wait_for(timeout=10_000)
         assert page.locator("#progress .percent").inner_text() == "50%"
         # An action drawn by the live part returns to the job's page, not to the part.
         page.click('[data-action="cancel"]')
         page.wait_for_load_state()
         assert page.url == f"{served.url}/jobs/{lease.key[0]}"
-        assert app.get(lease.key[0]).cancel_requested
+        assert export_app.get(lease.key[0]).cancel_requested
         page.evaluate("window.notReloaded = true")
-        assert app.store.succeed(app.engine, [lease]) == []
+        assert export_app.store.succeed(export_app.engine, [lease]) == []
         page.locator("#job-live .status.succeeded").wait_for(timeout=10_000)
         assert page.evaluate("window.notReloaded") is True
         # Finished: the page stops asking.

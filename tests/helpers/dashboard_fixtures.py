@@ -61,3 +61,17 @@ def dashboard_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sa
     else:
         url = request.getfixturevalue("postgres_database")
     yield from fresh_database(url)
+
+
+@pytest.fixture
+def export_app(dashboard_url: sa.URL) -> Iterator[Any]:
+    """An App on the dashboard's database with one task, ``shop.export``, that does nothing."""
+    import dibs
+
+    app = dibs.App(dibs.create_engine(dashboard_url))
+
+    @app.task(name="shop.export")
+    def export() -> None: ...
+
+    yield app
+    app.engine.dispose()
