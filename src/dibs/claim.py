@@ -18,6 +18,7 @@ from sqlalchemy.sql import ClauseElement, ColumnElement
 from dibs._checks import checked_count
 from dibs._errors import InTransaction, InvalidArgument
 from dibs.dialects import ClaimRequest, backend_for, driver, strategy_for
+from dibs.dialects.transactions import checked_out
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -87,7 +88,7 @@ def run_claim(bind: Engine | Connection, request: ClaimRequest, strategy: str | 
     if isinstance(bind, Engine):
         if request.limit <= 0:
             return []
-        with bind.connect() as conn:
+        with checked_out(bind, backend_for(bind.dialect).released) as conn:
             return claim_on_connection(conn, request, strategy, owned=True)
     if isinstance(bind, Connection):
         refuse_open_transaction(bind.in_transaction(), "claim")

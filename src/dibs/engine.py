@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from dibs._errors import InvalidArgument
 from dibs.dialects import backend_for, backend_named
+from dibs.dialects.transactions import checked_out
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -28,7 +29,9 @@ def database_url(db: str | None = None) -> str:
 
 
 def create_engine(url: str | sa.URL, **options: Any) -> Engine:
-    """A SQLAlchemy Engine for ``url``, tuned for claiming (on SQLite: WAL, a busy timeout).
+    """A SQLAlchemy Engine for ``url``, tuned for claiming (on SQLite: WAL, a busy timeout; on MySQL and
+    MariaDB, a connection dibs gives back right after its own COMMIT is not rolled back again by the pool,
+    unless you pass ``pool_reset_on_return``).
 
     Args:
         url: A database URL, such as ``postgresql+psycopg://localhost/shop`` or ``sqlite:///jobs.sqlite``.
@@ -50,7 +53,7 @@ def create_engine(url: str | sa.URL, **options: Any) -> Engine:
         engine = sa.create_engine(checked, **backend_named(checked.get_backend_name()).engine_options(options))
     except ImportError as exc:
         raise _missing_driver(checked, exc) from exc
-    backend_for(engine.dialect).configure(engine)
+    backend_for(engine.dialect).configure(engine, options)
     return engine
 
 
@@ -76,7 +79,7 @@ def create_async_engine(url: str | sa.URL, **options: Any) -> AsyncEngine:
         engine = create(checked, **backend_named(checked.get_backend_name()).engine_options(options))
     except ImportError as exc:
         raise _missing_driver(checked, exc) from exc
-    backend_for(engine.dialect).configure(engine.sync_engine)
+    backend_for(engine.dialect).configure(engine.sync_engine, options)
     return engine
 
 
@@ -183,7 +186,8 @@ def writing(engine: Engine) -> Iterator[Connection]:
     if it raises). On SQLite it takes the write lock up front, in turn with dibs's other writers, so that
     an enqueue is not left waiting on SQLite's busy handler while workers write; elsewhere it is
     SQLAlchemy's ``engine.begin()``."""
-    with engine.connect() as conn, backend_for(engine.dialect).writing(conn):
+    backend = backend_for(engine.dialect)
+    with checked_out(engine, backend.released) as conn, backend.writing(conn):
         yield conn
 
 
@@ -191,7 +195,7 @@ def writing(engine: Engine) -> Iterator[Connection]:
 def connected(bind: Engine | Connection) -> Iterator[Connection]:
     """The given connection, or a new one from the engine that is closed afterwards."""
     if isinstance(bind, Engine):
-        with bind.connect() as conn:
+        with checked_out(bind, backend_for(bind.dialect).released) as conn:
             yield conn
     else:
         yield bind

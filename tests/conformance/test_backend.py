@@ -370,6 +370,11 @@ def test_engine_options_add_the_backend_defaults_and_keep_the_callers(db: Harnes
     if db.family == "sqlite":
         assert backend.engine_options({}) == {"connect_args": {"timeout": 10.0}}
         assert backend.engine_options({"connect_args": {"timeout": 1}}) == {"connect_args": {"timeout": 1}}
+    elif db.family == "mariadb":
+        # The pool's rollback on return is replaced by dibs's own reset (configure), unless the caller chose one.
+        assert backend.engine_options({"pool_size": 3}) == {"pool_size": 3, "pool_reset_on_return": None}
+        chosen = {"pool_reset_on_return": "rollback"}
+        assert backend.engine_options(chosen) == chosen
     else:
         assert backend.engine_options({"pool_size": 3}) == {"pool_size": 3}
 
@@ -378,7 +383,7 @@ def test_configure_tunes_the_engines_dibs_creates(db: Harness) -> None:
     url = db.url.set(drivername=db.target.sync_driver)
     engine = sa.create_engine(url, poolclass=sa.pool.StaticPool) if db.target.memory else sa.create_engine(url)
     try:
-        backend_for(engine.dialect).configure(engine)
+        backend_for(engine.dialect).configure(engine, {})
         with engine.connect() as conn:
             if db.family == "sqlite":
                 # WAL lets readers go on while a writer writes; an in-memory database has no journal file.

@@ -145,8 +145,14 @@ class Backend(Protocol):
         """The parameter values of a :meth:`fenced` guard for ``pairs`` of (key..., token)."""
         ...
 
-    def configure(self, engine: Engine) -> None:
-        """Tune an engine dibs creates (never one the caller built) for many concurrent claimers."""
+    def configure(self, engine: Engine, options: Mapping[str, Any]) -> None:
+        """Tune an engine dibs creates (never one the caller built) for many concurrent claimers; ``options``
+        are the ones its caller gave (before :meth:`engine_options` added this backend's)."""
+        ...
+
+    def released(self, conn: Connection) -> None:
+        """``conn``, checked out by dibs, goes back to its pool now, its transaction over: a pool that would
+        roll it back on return may leave that out (one round trip less per transaction)."""
         ...
 
     def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
@@ -250,7 +256,10 @@ class BackendDefaults:
     def one_of(self, column: sa.Column[Any], name: str) -> ColumnElement[bool]:
         return column.in_(sa.bindparam(name, expanding=True))
 
-    def configure(self, engine: Engine) -> None:
+    def configure(self, engine: Engine, options: Mapping[str, Any]) -> None:
+        return None
+
+    def released(self, conn: Connection) -> None:
         return None
 
     def writing(self, conn: Connection) -> AbstractContextManager[Any]:

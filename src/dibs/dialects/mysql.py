@@ -15,14 +15,16 @@ padding: the servers' default collations fold case and accents, and their ``utf8
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Connection, Dialect, Row
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.pool import PoolResetState
 from sqlalchemy.schema import CreateColumn
 from sqlalchemy.sql import ColumnElement
 
@@ -104,6 +106,19 @@ class MySQLClaim:
             return run_then(conn, request, in_key_order(rows, picked, positions))
 
 
+#: Set on a pooled connection's record when dibs gives it back with its transaction over (see MySQL.configure).
+_RELEASED = "dibs_released"
+
+
+def _reset_unless_released(dbapi_connection: Any, record: Any, state: PoolResetState) -> None:
+    """The pool's reset on return, as SQLAlchemy's rollback-on-return does it, left out for a connection
+    dibs released (its transaction committed or rolled back, nothing run since)."""
+    released = record.info.pop(_RELEASED, False) if record is not None else False
+    if released or state.transaction_was_reset or state.terminate_only or not state.asyncio_safe:
+        return
+    dbapi_connection.rollback()
+
+
 class MySQL(BackendDefaults):
     """MySQL 8.0.1+ and MariaDB 10.6+ natively; older servers fall back to the portable strategy."""
 
@@ -119,6 +134,24 @@ class MySQL(BackendDefaults):
             warn_fallback("MariaDB" if mariadb else "MySQL", version, "SKIP LOCKED", needed, PORTABLE_INSTEAD)
             return PortableClaim(self)
         return MySQLClaim(self)
+
+    def engine_options(self, options: dict[str, Any]) -> dict[str, Any]:
+        # The pool's own reset is replaced by dibs's (see configure), unless the caller chose one.
+        if "pool_reset_on_return" in options:
+            return options
+        return {**options, "pool_reset_on_return": None}
+
+    def configure(self, engine: Engine, options: Mapping[str, Any]) -> None:
+        """Roll back a connection coming back to the pool unless dibs just ended its transaction: the
+        drivers send ROLLBACK whether or not a transaction is open, which after dibs's COMMIT is a third
+        round trip for an enqueue that needs two. Left alone when the caller chose the pool's reset."""
+        if "pool_reset_on_return" in options:
+            return
+        event.listen(engine.pool, "reset", _reset_unless_released)
+
+    def released(self, conn: Connection) -> None:
+        if not conn.in_transaction() and not conn.invalidated:
+            conn.connection.info[_RELEASED] = True
 
     def transaction(self, conn: Connection) -> AbstractContextManager[None]:
         # SET TRANSACTION applies to the next transaction only, so the caller's session keeps its own

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any, NamedTuple
 
@@ -240,7 +240,7 @@ class SQLite(AppClock, BackendDefaults):
     def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
         return sqlite_insert(table).on_conflict_do_nothing(index_elements=[unique], index_where=unique.is_not(None))
 
-    def configure(self, engine: Engine) -> None:
+    def configure(self, engine: Engine, options: Mapping[str, Any]) -> None:
         """WAL (readers never block the writer), fsync at checkpoints only, and dibs's writers taking turns
         (see dibs.dialects.turns)."""
         turns = take_turns(engine)

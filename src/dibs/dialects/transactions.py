@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Engine
+
+
+@contextmanager
+def checked_out(engine: Engine, released: Callable[[Connection], None]) -> Iterator[Connection]:
+    """A connection of dibs's own from ``engine``'s pool, given back when the block ends. ``released``
+    (the backend's :meth:`~dibs.dialects.Backend.released`) hears of a block that ended without an error,
+    its transaction over, just before the connection goes back."""
+    with engine.connect() as conn:
+        yield conn
+        released(conn)
 
 
 @contextmanager

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from sqlalchemy.engine import Connection, Engine
 
 from dibs.dialects import Backend
+from dibs.dialects.transactions import checked_out
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -24,7 +25,7 @@ def transaction(bind: Engine | Connection, backend: Backend, *, one_statement: b
     may run without BEGIN and COMMIT (see Backend.one_statement).
     """
     if isinstance(bind, Engine):
-        with bind.connect() as conn, opened(backend, conn, one_statement, owned=True):
+        with checked_out(bind, backend.released) as conn, opened(backend, conn, one_statement, owned=True):
             yield conn
     elif bind.in_transaction():
         yield bind
