@@ -214,6 +214,47 @@ def test_a_result_reads_back_exactly_as_encoded(qdb: QueueDatabase, returned: An
     assert job.result(timeout=5) == returned
 
 
+def test_a_job_dead_by_its_expired_lease_wakes_its_waiter_and_cancels_its_children(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+
+    @app.task(name="work.last", max_attempts=1)
+    def last() -> None: ...
+
+    job = app.enqueue(last)
+    child = app.enqueue(last, after=[job])
+    # Polls so rare that only the announcement of the dead job can explain a prompt answer where the
+    # database sends notifications; elsewhere the waiter's polling finds it.
+    notified = listens(app)
+    waiter = ResultWaiter(app.engine, poll=60.0 if notified else 0.5, listening_poll=60.0)
+    job.waited_by(waiter)
+    store, engine = app.store, app.engine
+    store.claim(engine, owner="worker-a", lease_seconds=0.3, limit=1, queues=["default"], tasks=["work.last"], tags=[])
+    failed: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            job.result(timeout=20)
+        except BaseException as error:
+            failed.append(error)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    try:
+        if notified:
+            wait_until(lambda: waiter.listening, what="the waiter listens")
+        time.sleep(0.5)
+        assert store.recover_expired(engine) == (0, 1)
+        began = time.monotonic()
+        thread.join(10)
+        assert not thread.is_alive()
+        assert time.monotonic() - began < 5  # well before the waiter's next look of its own
+    finally:
+        thread.join(30)
+    assert [type(error) for error in failed] == [dibs.JobFailed]
+    assert "stopped renewing its lease" in str(failed[0])
+    assert app.get(child.id).status == "cancelled"  # at once, not at upkeep's next look for unsettled parents
+
+
 def test_a_stale_lease_keeps_no_result_and_the_current_one_keeps_its_own(qdb: QueueDatabase) -> None:
     app = qdb.app()
 

@@ -349,6 +349,12 @@ class JobStore:
         # The same test again: a lease that expired between the two statements must not be queued for an
         # attempt past its last (it is buried at the next round instead).
         requeued = leases.recover(conn, where=jobs.c.attempts < jobs.c.max_attempts, status=QUEUED, batch=UPKEEP_BATCH)
+        if dead:
+            # Finished as a worker's dead job is: its waiting children settled and its waiters told now.
+            ids = [key[0] for key in dead]
+            self.settle_children(conn, ids)
+            with contextlib.suppress(sa.exc.DBAPIError):
+                self.announce(conn, ids)
         return len(requeued), len(dead)
 
     def purge(
