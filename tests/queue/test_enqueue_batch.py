@@ -167,6 +167,29 @@ def test_a_postgresql_batch_longer_than_one_statement_keeps_its_order(
     assert [job.args["shop"] for job in made] == list(range(450))
 
 
+def test_an_sqlite_batch_binds_the_values_its_jobs_share_once_per_statement(qdb: QueueDatabase) -> None:
+    if qdb.family != "sqlite":
+        pytest.skip("the shared values are bound once in SQLite's INSERT ... SELECT FROM (VALUES ...)")
+    app, reindex = shop_app(qdb)
+    bound: list[int] = []
+
+    def look(conn: object, cursor: object, statement: str, parameters: tuple[object, ...], *rest: object) -> None:
+        if statement.startswith("INSERT INTO dibs_jobs"):
+            bound.append(len(parameters))
+
+    sa.event.listen(app.engine, "before_cursor_execute", look)
+    try:
+        made = app.enqueue_many(reindex, [{"shop": n} for n in range(MANY)], tag="bulk")
+    finally:
+        sa.event.remove(app.engine, "before_cursor_execute", look)
+    assert stored(qdb) == made
+    # 1300 jobs: 512 + 512 + 256 + 16 + 4 rows, each binding its arguments and ordering key, and the dozen
+    # shared values once per statement.
+    shared = bound[-1] - 2 * 4
+    assert 8 <= shared <= 16
+    assert bound == [shared + 2 * rows for rows in (512, 512, 256, 16, 4)]
+
+
 def heard_probe(qdb: QueueDatabase, heard: list[str], lock: threading.Lock) -> None:
     """Notify until the listener hears it (it listens once its thread has connected), then forget it."""
     deadline = time.monotonic() + 10

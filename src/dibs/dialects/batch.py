@@ -140,9 +140,32 @@ class ValuesInsert:
             sql = self._sql[rows] = head + ", ".join([group] * rows) + tail
         return sql
 
-    def _processed(self, conn: Connection, name: str, value: Any) -> Any:
-        processor = self._compiled.binds[name].type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
-        return value if processor is None else processor(value)
+    def _processor(self, conn: Connection, column: str) -> Any:
+        return self.table.c[column].type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
+
+    def _shared(self, conn: Connection, compiled: Any, parameters: Mapping[str, Any]) -> dict[str, Any]:
+        """The driver's value of each shared parameter, by name."""
+        shared = {}
+        for name in self._names:
+            if name.startswith("dibs_") and name[5:] in self.varying:
+                continue
+            value = parameters[name] if name in parameters else compiled.binds[name].effective_value
+            processor = compiled.binds[name].type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
+            shared[name] = value if processor is None else processor(value)
+        return shared
+
+    def _bound(
+        self, conn: Connection, shared: Mapping[str, Any], columns: Mapping[str, Sequence[Any]], start: int, end: int
+    ) -> list[Any]:
+        """The parameters of the statement of rows ``start`` to ``end``: each row's shared values and its own."""
+        width = len(self._names)
+        flat = [shared.get(name) for name in self._names] * (end - start)
+        for column in self.varying:
+            values, processor = columns[column][start:end], self._processor(conn, column)
+            flat[self._names.index(f"dibs_{column}") :: width] = (
+                values if processor is None else list(map(processor, values))
+            )
+        return flat
 
     def run(
         self, conn: Connection, parameters: Mapping[str, Any], columns: Mapping[str, Sequence[Any]]
@@ -152,26 +175,65 @@ class ValuesInsert:
             (row,) = driver.fetch_values(conn, self.single, bound, self._single_columns)
             return [Stored([row[0]], tuple(row[1:]))]
         compiled = self._prepare(conn)
-        shared = {
-            name: self._processed(
-                conn, name, parameters[name] if name in parameters else compiled.binds[name].effective_value
-            )
-            for name in self._names
-            if not name.startswith("dibs_") or name[5:] not in self.varying
-        }
-        row_template = [shared.get(name) for name in self._names]
-        width = len(self._names)
+        shared = self._shared(conn, compiled, parameters)
         found: list[Stored] = []
         for start, end in chunks(columns, self._rows):
-            flat = row_template * (end - start)
-            for column in self.varying:
-                values = columns[column][start:end]
-                processor = (
-                    compiled.binds[f"dibs_{column}"].type.dialect_impl(conn.dialect).bind_processor(conn.dialect)
-                )
-                flat[self._names.index(f"dibs_{column}") :: width] = (
-                    values if processor is None else list(map(processor, values))
-                )
-            ids = sorted(conn.exec_driver_sql(self._statement(end - start), tuple(flat)).scalars())
+            flat = self._bound(conn, shared, columns, start, end)
+            ids = sorted(row[0] for row in driver.fetch_text(conn, self._statement(end - start), flat))
             found.append(Stored(ids, tuple(conn.execute(self._read, {"dibs_first_id": ids[0]}).one())))
         return found
+
+
+#: The stand-in for the rows of a :class:`SelectedValuesInsert`, replaced by their ``VALUES`` list.
+_ROWS = "dibs_rows"
+#: A positional parameter in each paramstyle a :class:`SelectedValuesInsert` is compiled to.
+_MARKS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
+
+
+class SelectedValuesInsert(ValuesInsert):
+    """``INSERT ... SELECT <shared>, column1, ... FROM (VALUES (?), (?), ...) RETURNING id``: the shared
+    values bound once per statement and each row binding only its own. On SQLite, binding a row's dozen
+    shared values cost more than inserting it (5.4 against 3.5 us a row for 20,000 jobs); SQLite names
+    the columns of a ``VALUES`` list column1, column2, ... and reads its rows in order."""
+
+    def __init__(
+        self,
+        table: sa.Table,
+        shared: Mapping[str, ColumnElement[Any]],
+        varying: Sequence[str],
+        read: Sequence[sa.Column[Any]],
+        parameters_limit: int = PARAMETERS_LIMIT,
+    ) -> None:
+        super().__init__(table, shared, varying, read, parameters_limit)
+        rows = sa.table(_ROWS, *[sa.column(f"column{index}") for index in range(1, len(varying) + 1)])
+        selected = sa.select(*shared.values(), *rows.c).select_from(rows)
+        self._one_row = sa.insert(table).from_select([*shared, *varying], selected).returning(table.c.id)
+
+    def _prepare(self, conn: Connection) -> Any:
+        if self._compiled is None:
+            compiled = self._one_row.compile(dialect=conn.dialect)
+            sql, names = _positional(compiled, conn.dialect.paramstyle)
+            parts = re.split(rf"\s+FROM {_ROWS}\b", sql)
+            if len(parts) != 2:
+                raise AssertionError(f"no rows to stand in for in {sql!r}")
+            head, tail = parts
+            mark = _MARKS[conn.dialect.paramstyle]
+            group = "(" + ", ".join([mark] * len(self.varying)) + ")"
+            self._parts = (f"{head} FROM (VALUES ", group, f") AS {_ROWS}{tail}")
+            self._names = names
+            self._rows = ROWS_LIMIT
+            while self._rows > 1 and self._rows * len(self.varying) + len(names) > self.parameters_limit:
+                self._rows //= 2
+            self._compiled = compiled
+        return self._compiled
+
+    def _bound(
+        self, conn: Connection, shared: Mapping[str, Any], columns: Mapping[str, Sequence[Any]], start: int, end: int
+    ) -> list[Any]:
+        width = len(self.varying)
+        flat = [shared[name] for name in self._names] + [None] * ((end - start) * width)
+        head = len(self._names)
+        for offset, column in enumerate(self.varying):
+            values, processor = columns[column][start:end], self._processor(conn, column)
+            flat[head + offset :: width] = values if processor is None else list(map(processor, values))
+        return flat

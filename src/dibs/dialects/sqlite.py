@@ -30,6 +30,7 @@ from sqlalchemy.sql import ColumnElement
 from dibs._errors import Busy
 from dibs.dialects import driver
 from dibs.dialects.backend import BackendDefaults
+from dibs.dialects.batch import BatchInsert, SelectedValuesInsert
 from dibs.dialects.keys import PICKED, fenced_in_list, fenced_in_list_values, in_key_order, key_values, keys_in
 from dibs.dialects.ordering import SortKey, in_order, python_order
 from dibs.dialects.portable import AppClock
@@ -239,6 +240,19 @@ class SQLite(AppClock, BackendDefaults):
 
     def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
         return sqlite_insert(table).on_conflict_do_nothing(index_elements=[unique], index_where=unique.is_not(None))
+
+    def batch_insert(
+        self,
+        dialect: Dialect,
+        table: sa.Table,
+        shared: Mapping[str, ColumnElement[Any]],
+        varying: Sequence[str],
+        read: Sequence[sa.Column[Any]],
+        channel: str | None,
+    ) -> BatchInsert | None:
+        if not dialect.insert_returning:
+            return None
+        return SelectedValuesInsert(table, shared, varying, read, self.parameters_limit)
 
     def configure(self, engine: Engine, options: Mapping[str, Any]) -> None:
         """WAL (readers never block the writer), fsync at checkpoints only, and dibs's writers taking turns
