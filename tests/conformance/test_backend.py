@@ -80,7 +80,7 @@ def keyed(db: Harness, name: str = "keyed") -> sa.Table:
 def test_the_backend_is_the_one_for_the_family_and_its_capabilities_say_what_the_database_does(db: Harness) -> None:
     backend = backend_of(db)
     assert backend.name == FAMILY_BACKEND[db.family]
-    assert backend.atomic_statements is (db.family == "postgresql")
+    assert backend.atomic_statements is (db.family in ("postgresql", "sqlite"))
     # SQLite takes one writer at a time: a second connection of one worker would only wait for the first.
     assert backend.default_worker_connections == (1 if db.family == "sqlite" else 2)
     assert backend.partial_indexes is (db.family != "mariadb")
@@ -323,15 +323,45 @@ def test_one_statement_commits_its_statement_and_leaves_no_transaction_open(db: 
         with backend.one_statement(conn, owned=owned):
             conn.execute(sa.update(table).values(token=2))
             driver: Any = conn.connection.dbapi_connection
-            committing = getattr(driver, "autocommit", None) is True
+            # psycopg's autocommit, or pysqlite's: no transaction left open by the statement it just ran.
+            committing = getattr(driver, "autocommit", None) is True or (
+                getattr(driver, "isolation_level", "") is None and getattr(driver, "in_transaction", True) is False
+            )
         assert not conn.in_transaction()
+        if db.family == "sqlite":  # switched back to pysqlite's transactions
+            assert getattr(conn.connection.dbapi_connection, "isolation_level", "") is not None
         return committing
 
     committing = on_connection(db, write)
     assert db.scalar(sa.select(table.c.token)) == 2
-    # psycopg runs the statement in autocommit, without BEGIN and COMMIT; other drivers in a transaction.
-    if db.family == "postgresql" and db.target.driver == "postgresql+psycopg" and not db.target.is_async:
+    # psycopg and pysqlite run the statement in autocommit, without BEGIN and COMMIT; other drivers in a
+    # transaction.
+    if db.target.driver in ("postgresql+psycopg", "sqlite+pysqlite") and not db.target.is_async:
         assert committing
+
+
+def test_an_sqlite_statement_run_alone_waits_for_another_writer_instead_of_failing(tmp_path: Any) -> None:
+    # Outside a transaction, SQLite takes the write lock as the statement starts, waiting on the busy
+    # handler as BEGIN IMMEDIATE would; it must not fail at once with SQLITE_BUSY.
+    import sqlite3
+
+    path = tmp_path / "held.sqlite"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("PRAGMA journal_mode = WAL")  # as dibs's engine sets it
+    holder.execute("CREATE TABLE counted (n INTEGER)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO counted VALUES (1)")
+    engine = dibs.create_engine(f"sqlite:///{path}")
+    released = threading.Timer(0.3, holder.commit)
+    released.start()
+    try:
+        with engine.connect() as conn, backend_for(engine.dialect).one_statement(conn, owned=True):
+            conn.exec_driver_sql("INSERT INTO counted VALUES (2)")
+    finally:
+        released.join()
+        engine.dispose()
+    assert holder.execute("SELECT n FROM counted ORDER BY n").fetchall() == [(1,), (2,)]
+    holder.close()
 
 
 # -- errors, engines, names -------------------------------------------------------------------------------
