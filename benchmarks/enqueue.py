@@ -82,16 +82,18 @@ def make(system: str, backend: str, url: str, payload_file: Any) -> Any:
     )
 
 
-def trial(system: str, enqueuer: Any, mode: str, payloads: list[dict[str, Any]]) -> float:
-    """Seconds to enqueue ``payloads`` (the Node drivers time themselves); checks the count afterwards."""
+def trial(system: str, enqueuer: Any, mode: str, payloads: list[dict[str, Any]]) -> tuple[float, float | None]:
+    """Seconds to enqueue ``payloads`` (the Node drivers time themselves) and this process's CPU seconds
+    meanwhile (None for the Node drivers, whose work is in another process); checks the count afterwards."""
     enqueuer.empty()
-    began = time.perf_counter()
+    began, cpu = time.perf_counter(), time.process_time()
     timed = enqueuer.enqueue(mode, payloads)
     seconds = time.perf_counter() - began if timed is None else timed
+    used = time.process_time() - cpu if timed is None else None
     found = enqueuer.count()
     if found != len(payloads):
         raise RuntimeError(f"{system} {mode}: enqueued {len(payloads)} jobs, found {found}")
-    return float(seconds)
+    return float(seconds), used
 
 
 def arguments() -> argparse.ArgumentParser:
@@ -114,6 +116,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
         wanted = [system for system in wanted if system not in node.DRIVERS]
     sizes = {"batch": options.batch_jobs, "one": options.one_jobs}
     trials: list[dict[str, Any]] = []
+    steps: dict[str, dict[str, float]] = {}
     versions: dict[str, str] = record.versions(PACKAGES)
     with tempfile.TemporaryDirectory() as tmp:
         files: dict[int, str] = {}
@@ -137,11 +140,13 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                     for system in systems:
                         if mode not in MODES.get(system, ("batch", "one")):
                             continue
-                        seconds = trial(system, made[system], mode, payloads[mode])
+                        seconds, cpu = trial(system, made[system], mode, payloads[mode])
                         jobs = sizes[mode]
                         trials.append({"backend": backend, "system": system, "mode": mode, "jobs": jobs,
-                                       "seconds": seconds, "round": round_})  # fmt: skip
+                                       "seconds": seconds, "cpu_seconds": cpu, "round": round_})  # fmt: skip
                         print(f"  {backend:<10} {mode:<5} {system:<15} {jobs / seconds:>10,.0f} jobs/s", flush=True)
+            if "dibs" in made:
+                steps[backend] = dibs_steps(made["dibs"], payloads["batch"], options.repeats)
             for enqueuer in made.values():
                 versions.update(getattr(enqueuer, "versions", {}))
                 enqueuer.close()
@@ -150,26 +155,37 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             own_database(backend, create=False, database=DATABASE)
     summary = summarize(trials)
     result = {"benchmark": "enqueue", "options": vars(options), "versions": versions, "node_missing": absent,
-              "trials": trials, "summary": summary, "goals": goals(summary)}  # fmt: skip
+              "trials": trials, "summary": summary, "goals": goals(summary), "steps": steps}  # fmt: skip
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"enqueue-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=2))
-    report(summary, result["goals"])
+    report(summary, result["goals"], steps)
     print(f"written to {out}")
     return result
 
 
+def dibs_steps(enqueuer: enqueuers.Dibs, payloads: list[dict[str, Any]], repeats: int) -> dict[str, float]:
+    """The median CPU microseconds per job of each step of dibs's batch enqueue (see ``Dibs.steps``)."""
+    measured = [enqueuer.steps(payloads) for _ in range(repeats)]
+    return {step: statistics.median(found[step] for found in measured) for step in measured[0]}
+
+
 def summarize(trials: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The median jobs/s of each backend, mode and system, and its ratio to each floor measured beside it."""
+    """The median jobs/s of each backend, mode and system, its median CPU microseconds per job in this
+    process (None for the Node drivers), and its ratio to each floor measured beside it."""
     groups: dict[tuple[str, str, str], list[float]] = {}
+    cpu: dict[tuple[str, str, str], list[float]] = {}
     for found in trials:
-        groups.setdefault((found["backend"], found["mode"], found["system"]), []).append(
-            found["jobs"] / found["seconds"]
-        )
+        key = (found["backend"], found["mode"], found["system"])
+        groups.setdefault(key, []).append(found["jobs"] / found["seconds"])
+        if found.get("cpu_seconds") is not None:
+            cpu.setdefault(key, []).append(found["cpu_seconds"] / found["jobs"] * 1e6)
     medians = {key: statistics.median(values) for key, values in groups.items()}
     summary = []
     for (backend, mode, system), rate in medians.items():
-        row: dict[str, Any] = {"backend": backend, "mode": mode, "system": system, "jobs_per_second": rate}
+        used = cpu.get((backend, mode, system))
+        row: dict[str, Any] = {"backend": backend, "mode": mode, "system": system, "jobs_per_second": rate,
+                               "cpu_us_per_job": statistics.median(used) if used else None}  # fmt: skip
         for floor in ("raw-insert", "raw-copy"):
             if (backend, mode, floor) in medians:
                 row[f"vs_{floor}"] = rate / medians[backend, mode, floor]
@@ -189,11 +205,16 @@ def goals(summary: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def report(summary: list[dict[str, Any]], lines: list[str]) -> None:
-    print("\n== enqueue, median jobs/s (ratio to raw-insert, raw-copy)")
+def report(summary: list[dict[str, Any]], lines: list[str], steps: dict[str, dict[str, float]]) -> None:
+    print("\n== enqueue, median jobs/s, CPU us per job in the enqueuing process (ratio to raw-insert, raw-copy)")
     for row in summary:
         ratios = ", ".join(f"{row[key]:.2f}x" for key in ("vs_raw-insert", "vs_raw-copy") if key in row)
-        print(f"  {row['backend']:<10} {row['mode']:<5} {row['system']:<15} {row['jobs_per_second']:>10,.0f}  {ratios}")
+        cpu = "-" if row["cpu_us_per_job"] is None else f"{row['cpu_us_per_job']:.1f}"
+        print(f"  {row['backend']:<10} {row['mode']:<5} {row['system']:<15} {row['jobs_per_second']:>10,.0f} "
+              f"{cpu:>7}  {ratios}")  # fmt: skip
+    for backend, found in steps.items():
+        parts = ", ".join(f"{step.replace('_', ' ')} {value:.1f}" for step, value in found.items())
+        print(f"  dibs batch on {backend}, CPU us per job: {parts}")
     for line in lines:
         print(f"  goal: {line}")
 

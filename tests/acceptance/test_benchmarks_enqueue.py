@@ -59,6 +59,11 @@ def test_the_enqueue_part_measures_every_system_on_every_backend(tmp_path: Path)
         for mode in ("batch", "one"):
             assert (backend, mode, "dibs") in measured
             assert (backend, mode, "raw-insert") in measured
+    for backend in ("postgresql", "sqlite", "mariadb"):  # dibs's batch, step by step, in CPU time per job
+        steps = result["steps"][backend]
+        assert set(steps) == {"check_and_encode", "insert", "make_jobs", "whole"}
+        assert 0 < steps["check_and_encode"] < steps["whole"] and 0 < steps["make_jobs"] < steps["whole"]
+    assert all(row["cpu_us_per_job"] > 0 for row in result["summary"] if row["system"] in ("dibs", "raw-insert"))
     assert result["versions"]["graphile-worker"].startswith("0.17.")
     assert result["versions"]["pg-boss"].startswith("10.")
     assert any(line.startswith("enqueue: dibs batch on postgresql") for line in json.loads(

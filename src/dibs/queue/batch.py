@@ -158,13 +158,14 @@ def _insert_batch(conn: Connection, batch: Batch, channel: str | None) -> list[J
     if batch.keys is not None:
         columns["ordering_key"] = batch.keys
     stored = insert.run(conn, resolve_times(parameters), columns)
-    made = _jobs(batch, stored)
+    made = returned_jobs(batch, stored)
     if first.parents:
         return _linked(conn, backend, made, first.parents, channel)
     return made
 
 
-def _jobs(batch: Batch, stored: list[Any]) -> list[Job]:
+def returned_jobs(batch: Batch, stored: list[Any]) -> list[Job]:
+    """The jobs of ``batch`` as stored: made from what the call knows and the ids and times of ``stored``."""
     first = batch.first
     base = {**_FRESH, **first.values}
     del base["on_parent_failure"], base["headers"]
