@@ -190,6 +190,39 @@ def test_an_sqlite_batch_binds_the_values_its_jobs_share_once_per_statement(qdb:
     assert bound == [shared + 2 * rows for rows in (512, 512, 256, 16, 4)]
 
 
+def test_a_postgresql_batch_the_server_refuses_raises_writes_nothing_and_leaves_the_connection_usable(
+    qdb: QueueDatabase,
+) -> None:
+    # A batch's INSERT is sent in pipeline mode while the jobs to return are made: a server error must still
+    # come out as SQLAlchemy's, with the transaction rolled back and the connection fit for the next call.
+    if qdb.family != "postgresql":
+        pytest.skip("the INSERT runs in psycopg's pipeline mode on PostgreSQL")
+    app, reindex = shop_app(qdb)
+    with qdb.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "CREATE FUNCTION dibs_test_refuse() RETURNS trigger LANGUAGE plpgsql AS "
+            "$$ BEGIN IF strpos(NEW.args, 'refused') > 0 THEN RAISE EXCEPTION 'refused by the test'; END IF; "
+            "RETURN NEW; END $$"
+        )
+        conn.exec_driver_sql(
+            "CREATE TRIGGER dibs_test_refuse BEFORE INSERT ON dibs_jobs FOR EACH ROW EXECUTE FUNCTION dibs_test_refuse()"
+        )
+    try:
+        with pytest.raises(sa.exc.DBAPIError, match="refused by the test"):
+            app.enqueue_many(reindex, [{"shop": n, "note": "refused" if n == 700 else ""} for n in range(MANY)])
+        with qdb.engine.connect() as conn, pytest.raises(sa.exc.DBAPIError, match="refused by the test"):
+            with conn.begin():
+                app.enqueue_many(reindex, [{"shop": 1}, {"shop": 2, "note": "refused"}], conn=conn)
+        assert stored(qdb) == []
+        made = app.enqueue_many(reindex, [{"shop": n} for n in range(MANY)])
+        assert stored(qdb) == made
+        assert [job.args["shop"] for job in made] == list(range(MANY))
+    finally:
+        with qdb.engine.begin() as conn:
+            conn.exec_driver_sql("DROP TRIGGER dibs_test_refuse ON dibs_jobs")
+            conn.exec_driver_sql("DROP FUNCTION dibs_test_refuse()")
+
+
 def heard_probe(qdb: QueueDatabase, heard: list[str], lock: threading.Lock) -> None:
     """Notify until the listener hears it (it listens once its thread has connected), then forget it."""
     deadline = time.monotonic() + 10

@@ -14,7 +14,7 @@ read back once, not per row.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import islice
 from typing import Any, NamedTuple, Protocol
 
@@ -43,10 +43,15 @@ class BatchInsert(Protocol):
     """An INSERT of many rows, built once per shape and run for every batch of that shape."""
 
     def run(
-        self, conn: Connection, parameters: Mapping[str, Any], columns: Mapping[str, Sequence[Any]]
+        self,
+        conn: Connection,
+        parameters: Mapping[str, Any],
+        columns: Mapping[str, Sequence[Any]],
+        meanwhile: Callable[[], None],
     ) -> list[Stored]:
         """Insert one row per value of ``columns`` (each the same length), with ``parameters`` bound for the
-        shared expressions, on ``conn`` in its transaction."""
+        shared expressions, on ``conn`` in its transaction; ``meanwhile`` (Python work that does not use
+        ``conn``) is called once, while the database inserts where the driver allows."""
         ...
 
 
@@ -168,8 +173,13 @@ class ValuesInsert:
         return flat
 
     def run(
-        self, conn: Connection, parameters: Mapping[str, Any], columns: Mapping[str, Sequence[Any]]
+        self,
+        conn: Connection,
+        parameters: Mapping[str, Any],
+        columns: Mapping[str, Sequence[Any]],
+        meanwhile: Callable[[], None],
     ) -> list[Stored]:
+        meanwhile()
         if len(next(iter(columns.values()))) == 1:
             bound = {**parameters, **{f"dibs_{column}": columns[column][0] for column in self.varying}}
             (row,) = driver.fetch_values(conn, self.single, bound, self._single_columns)

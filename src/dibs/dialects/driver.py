@@ -23,7 +23,7 @@ from __future__ import annotations
 import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any, cast
@@ -264,16 +264,27 @@ def _run(
 
 
 def _cursor_run(
-    conn: Connection, sql: str, parameters: Any, *, fetch_rows: bool, describe: bool
+    conn: Connection,
+    sql: str,
+    parameters: Any,
+    *,
+    fetch_rows: bool,
+    describe: bool,
+    meanwhile: Callable[[], None] | None = None,
 ) -> tuple[list[Any], Any, int]:
     dialect = conn.dialect
     dbapi_connection: Any = conn.connection.dbapi_connection
     cursor = dbapi_connection.cursor()
     try:
-        cursor.execute(sql, parameters)
-        rows = list(cursor.fetchall()) if fetch_rows else []
-        # The description only the first time: psycopg builds it anew on every read.
-        return rows, cursor.description if describe else None, cursor.rowcount
+        with nullcontext() if meanwhile is None else dbapi_connection.pipeline():
+            cursor.execute(sql, parameters)
+            if meanwhile is not None:
+                _sent(dbapi_connection)
+                meanwhile()
+            rows = list(cursor.fetchall()) if fetch_rows else []
+            # The description only the first time: psycopg builds it anew on every read.
+            described = cursor.description if describe else None
+        return rows, described, cursor.rowcount
     except dialect.loaded_dbapi.Error as error:
         # As SQLAlchemy does: a connection the server dropped is invalidated, and the error wrapped.
         lost = dialect.is_disconnect(error, dbapi_connection, cursor)
@@ -290,6 +301,42 @@ def _cursor_run(
     finally:
         with suppress(Exception):  # a cursor of a connection that just died may fail to close
             cursor.close()
+
+
+def fetch_values_meanwhile(
+    conn: Connection,
+    statement: sa.Executable,
+    values: Mapping[str, Any],
+    columns: Sequence[sa.ColumnElement[Any]],
+    meanwhile: Callable[[], None],
+) -> list[Sequence[Any]]:
+    """fetch_values(), calling ``meanwhile`` (Python work that does not use ``conn``) while the database runs
+    the statement: psycopg sends it in pipeline mode and reads its rows once ``meanwhile`` returns, so that
+    the server and Python work at once; elsewhere ``meanwhile`` runs first."""
+    prepared = _prepared(conn, statement, columns)
+    if prepared is None or not _pipelines(conn.connection.dbapi_connection):
+        meanwhile()
+        return fetch_values(conn, statement, values, columns)
+    rows, description, _ = _cursor_run(conn, prepared.sql, prepared.parameters(values), fetch_rows=True,
+                                       describe=prepared.describe, meanwhile=meanwhile)  # fmt: skip
+    return prepared.values(rows, description)
+
+
+def _pipelines(dbapi_connection: Any) -> bool:
+    """Whether the driver connection is psycopg's own (not an asyncio adapter) and libpq has pipeline mode."""
+    if not type(dbapi_connection).__module__.startswith("psycopg"):
+        return False
+    import psycopg
+
+    return isinstance(dbapi_connection, psycopg.Connection) and psycopg.Pipeline.is_supported()
+
+
+def _sent(dbapi_connection: Any) -> None:
+    """Send what psycopg queued in pipeline mode, all of it: it sends the rest of a long statement only when
+    the result is read, and the server cannot start on a statement it has not received."""
+    from psycopg import generators
+
+    dbapi_connection.wait(generators.send(dbapi_connection.pgconn))
 
 
 @contextmanager

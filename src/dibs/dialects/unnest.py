@@ -14,13 +14,15 @@ the JSON encoder and PostgreSQL's JSON functions do it in C.
 
 One row comes back whatever the batch's size: the ids as one array, the shared columns once, and the
 notification sent in the same round trip (delivered when the transaction commits). A single row takes
-``INSERT ... VALUES`` instead, which the planner does less for.
+``INSERT ... VALUES`` instead, which the planner does less for. On psycopg the statement goes out in
+pipeline mode and the caller makes the jobs it returns while the server inserts them: the server's
+insert and the Python work per job each take about half of a batch's time, and run on two cores at once.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -93,9 +95,14 @@ class ArrayInsert:
         return sa.select(*picked).select_from(new), picked
 
     def run(
-        self, conn: Connection, parameters: Mapping[str, Any], columns: Mapping[str, Sequence[Any]]
+        self,
+        conn: Connection,
+        parameters: Mapping[str, Any],
+        columns: Mapping[str, Sequence[Any]],
+        meanwhile: Callable[[], None],
     ) -> list[Stored]:
         found: list[Stored] = []
+        waiting: Callable[[], None] | None = meanwhile
         spans = chunks(columns, ROWS_LIMIT, BYTES_LIMIT, powers=False)
         for at, (start, end) in enumerate(spans):
             single = end - start == 1
@@ -106,7 +113,13 @@ class ArrayInsert:
                 values = columns[column]
                 bound[f"dibs_{column}"] = values[start] if single else _ENCODER.encode(values[start:end])
             # On the driver's cursor: SQLAlchemy's work around a statement costs more than a one-row INSERT.
-            (row,) = driver.fetch_values(conn, statement, bound, returned)
+            if waiting is None or single:
+                (row,) = driver.fetch_values(conn, statement, bound, returned)
+            else:  # the caller's work while the server inserts the first (most often the only) statement
+                (row,) = driver.fetch_values_meanwhile(conn, statement, bound, returned, waiting)
+                waiting = None
             ids = [row[0]] if single else list(row[0])
             found.append(Stored(ids, tuple(row[1 : 1 + len(self.read)])))
+        if waiting is not None:
+            waiting()
         return found

@@ -157,31 +157,42 @@ def _insert_batch(conn: Connection, batch: Batch, channel: str | None) -> list[J
     columns: dict[str, list[Any]] = {"args": batch.args}
     if batch.keys is not None:
         columns["ordering_key"] = batch.keys
-    stored = insert.run(conn, resolve_times(parameters), columns)
-    made = returned_jobs(batch, stored)
+    drafts: list[Job] = []
+    stored = insert.run(conn, resolve_times(parameters), columns, lambda: drafts.extend(drafted_jobs(batch)))
+    made = stored_jobs(drafts, stored)
     if first.parents:
         return _linked(conn, backend, made, first.parents, channel)
     return made
 
 
-def returned_jobs(batch: Batch, stored: list[Any]) -> list[Job]:
-    """The jobs of ``batch`` as stored: made from what the call knows and the ids and times of ``stored``."""
+def drafted_jobs(batch: Batch) -> list[Job]:
+    """The jobs of ``batch`` as they will be stored, but for their ids and times (see :func:`stored_jobs`):
+    made while the database inserts them, where the driver allows."""
     first = batch.first
-    base = {**_FRESH, **first.values}
-    del base["on_parent_failure"], base["headers"]
+    fields = {**_FRESH, **first.values, "id": 0, "run_at": None, "enqueued_at": None}
+    del fields["on_parent_failure"], fields["headers"]
     keys = iter(batch.keys) if batch.keys is not None else None
-    args = iter(batch.args)
     # The JSON was made by the encoder, without whitespace around it: the decoder's scanner reads it alone.
     scan = _SCAN
     made: list[Job] = []
-    for ids, (run_at, enqueued_at) in stored:
-        fields = {**base, "run_at": aware(run_at), "enqueued_at": aware(enqueued_at)}
-        for job_id in ids:
-            fields["id"], fields["args"] = job_id, scan(next(args), 0)[0]
-            if keys is not None:
-                fields["ordering_key"] = next(keys)
-            made.append(Job.made(fields))
+    for args in batch.args:
+        fields["args"] = scan(args, 0)[0]
+        if keys is not None:
+            fields["ordering_key"] = next(keys)
+        made.append(Job.made(fields))
     return made
+
+
+def stored_jobs(drafts: list[Job], stored: list[Any]) -> list[Job]:
+    """The drafted jobs, given the ids and times the database made for them (``stored``, in their order)."""
+    jobs = iter(drafts)
+    for ids, (run_at, enqueued_at) in stored:
+        run_at, enqueued_at = aware(run_at), aware(enqueued_at)
+        for job_id in ids:
+            # Filled in place: the jobs were made for this, and no one has seen them yet.
+            fields = next(jobs).__dict__
+            fields["id"], fields["run_at"], fields["enqueued_at"] = job_id, run_at, enqueued_at
+    return drafts
 
 
 def _linked(
