@@ -62,7 +62,8 @@ def test_the_enqueue_part_measures_every_system_on_every_backend(tmp_path: Path)
     for backend in ("postgresql", "sqlite", "mariadb"):  # dibs's batch, step by step, in CPU time per job
         steps = result["steps"][backend]
         assert set(steps) == {"check_and_encode", "insert", "make_jobs", "whole"}
-        assert 0 < steps["check_and_encode"] < steps["whole"] and 0 < steps["make_jobs"] < steps["whole"]
+        assert 0 < steps["check_and_encode"] < steps["whole"]
+        assert 0 < steps["make_jobs"] < steps["whole"]
     assert all(row["cpu_us_per_job"] > 0 for row in result["summary"] if row["system"] in ("dibs", "raw-insert"))
     assert result["versions"]["graphile-worker"].startswith("0.17.")
     assert result["versions"]["pg-boss"].startswith("10.")

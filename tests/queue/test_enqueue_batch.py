@@ -205,14 +205,18 @@ def test_a_postgresql_batch_the_server_refuses_raises_writes_nothing_and_leaves_
             "RETURN NEW; END $$"
         )
         conn.exec_driver_sql(
-            "CREATE TRIGGER dibs_test_refuse BEFORE INSERT ON dibs_jobs FOR EACH ROW EXECUTE FUNCTION dibs_test_refuse()"
+            "CREATE TRIGGER dibs_test_refuse BEFORE INSERT ON dibs_jobs "
+            "FOR EACH ROW EXECUTE FUNCTION dibs_test_refuse()"
         )
     try:
         with pytest.raises(sa.exc.DBAPIError, match="refused by the test"):
             app.enqueue_many(reindex, [{"shop": n, "note": "refused" if n == 700 else ""} for n in range(MANY)])
-        with qdb.engine.connect() as conn, pytest.raises(sa.exc.DBAPIError, match="refused by the test"):
-            with conn.begin():
-                app.enqueue_many(reindex, [{"shop": 1}, {"shop": 2, "note": "refused"}], conn=conn)
+        with (
+            qdb.engine.connect() as conn,
+            pytest.raises(sa.exc.DBAPIError, match="refused by the test"),
+            conn.begin(),
+        ):
+            app.enqueue_many(reindex, [{"shop": 1}, {"shop": 2, "note": "refused"}], conn=conn)
         assert stored(qdb) == []
         made = app.enqueue_many(reindex, [{"shop": n} for n in range(MANY)])
         assert stored(qdb) == made
