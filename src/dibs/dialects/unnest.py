@@ -37,6 +37,9 @@ _ENCODER = json.JSONEncoder()
 #: Rows per statement: bounded so that one statement's arrays stay a few megabytes for small arguments.
 ROWS_LIMIT = 65_536
 BYTES_LIMIT = 32_000_000
+#: The fewest rows whose statement goes out in pipeline mode: entering and leaving it costs about as much
+#: Python as making a hundred jobs, so a small batch is sent the plain way.
+PIPELINED_ROWS = 128
 #: A statement and the columns it returns.
 _Built = tuple[sa.Select[Any] | sa.Insert, list[ColumnElement[Any]]]
 
@@ -113,7 +116,7 @@ class ArrayInsert:
                 values = columns[column]
                 bound[f"dibs_{column}"] = values[start] if single else _ENCODER.encode(values[start:end])
             # On the driver's cursor: SQLAlchemy's work around a statement costs more than a one-row INSERT.
-            if waiting is None or single:
+            if waiting is None or end - start < PIPELINED_ROWS:
                 (row,) = driver.fetch_values(conn, statement, bound, returned)
             else:  # the caller's work while the server inserts the first (most often the only) statement
                 (row,) = driver.fetch_values_meanwhile(conn, statement, bound, returned, waiting)
