@@ -12,7 +12,7 @@
 // has no burst mode: the driver stops the runner once its jobs table is empty (graphile-worker deletes a job
 // when it completes), which it checks every 20 ms on a connection of its own.
 'use strict'
-const { load, version, payloads, report, seconds, ready, cpuSeconds } = require('./node_common')
+const { load, version, payloads, report, exit, seconds, ready, cpuSeconds } = require('./node_common')
 const { makeWorkerUtils, run } = load('graphile-worker')
 const { Pool } = load('pg')
 
@@ -161,6 +161,6 @@ if (!commands[command]) {
 }
 // Exits once the command is done: a stdin opened for the start line would keep the process alive.
 commands[command](...rest).then(
-  () => process.exit(0),
-  (error) => { process.stderr.write(`${error.stack}\n`); process.exit(1) }
+  () => exit(0),
+  (error) => { process.stderr.write(`${error.stack}\n`); exit(1) }
 )

@@ -20,6 +20,12 @@ function report (result) {
   process.stdout.write(JSON.stringify({ ...result, node: process.versions.node }) + '\n')
 }
 
+// Exits once stdout has taken every line written: process.exit() alone drops what a pipe has not taken
+// yet, which cut a latency worker's result line at 64 KiB.
+function exit (code) {
+  process.stdout.write('', () => process.exit(code))
+}
+
 function seconds (began) {
   return Number(process.hrtime.bigint() - began) / 1e9
 }
@@ -35,4 +41,4 @@ function cpuSeconds (since) {
   return (used.user + used.system) / 1e6
 }
 
-module.exports = { load, version, payloads, report, seconds, ready, cpuSeconds }
+module.exports = { load, version, payloads, report, exit, seconds, ready, cpuSeconds }

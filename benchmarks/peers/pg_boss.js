@@ -12,7 +12,7 @@
 // graphile_worker.js measures it. pg-boss 10 has no LISTEN/NOTIFY: `work()` polls, at most every 0.5 s (its
 // documented minimum, used here), and fetches again at once while a fetch finds jobs.
 'use strict'
-const { load, version, payloads, report, seconds, ready, cpuSeconds } = require('./node_common')
+const { load, version, payloads, report, exit, seconds, ready, cpuSeconds } = require('./node_common')
 const PgBoss = load('pg-boss')
 
 const QUEUE = 'noop'
@@ -134,6 +134,6 @@ if (!commands[command]) {
 }
 // Exits once the command is done: a stdin opened for the start line would keep the process alive.
 commands[command](...rest).then(
-  () => process.exit(0),
-  (error) => { process.stderr.write(`${error.stack}\n`); process.exit(1) }
+  () => exit(0),
+  (error) => { process.stderr.write(`${error.stack}\n`); exit(1) }
 )
