@@ -207,6 +207,8 @@ class BackendDefaults:
     partial_indexes = False
     #: The most parameters one statement may bind.
     parameters_limit = PARAMETERS_LIMIT
+    #: How a batch of rows is inserted where the driver returns a multi-row INSERT's ids.
+    batch_insert_kind: type[ValuesInsert] = ValuesInsert
     async_driver: str | None = None
 
     def begin_writing(self, conn: Connection) -> None:
@@ -240,7 +242,7 @@ class BackendDefaults:
     ) -> BatchInsert | None:
         if not dialect.insert_returning:
             return None
-        return ValuesInsert(table, shared, varying, read, self.parameters_limit)
+        return self.batch_insert_kind(table, shared, varying, read, self.parameters_limit)
 
     def elapsed(self, since: ColumnElement[Any], seconds: ColumnElement[Any]) -> ColumnElement[bool]:
         from dibs._errors import InvalidArgument

@@ -30,7 +30,7 @@ from sqlalchemy.sql import ColumnElement
 from dibs._errors import Busy
 from dibs.dialects import driver
 from dibs.dialects.backend import BackendDefaults
-from dibs.dialects.batch import BatchInsert, SelectedValuesInsert
+from dibs.dialects.batch import SelectedValuesInsert
 from dibs.dialects.keys import PICKED, fenced_in_list, fenced_in_list_values, in_key_order, key_values, keys_in
 from dibs.dialects.ordering import SortKey, in_order, python_order
 from dibs.dialects.portable import AppClock
@@ -162,6 +162,8 @@ class SQLite(AppClock, BackendDefaults):
     default_worker_connections = 1
     partial_indexes = True
     parameters_limit = 32_766 if sqlite3.sqlite_version_info >= (3, 32) else 999
+    #: The values a batch's rows share bound once per statement (see SelectedValuesInsert).
+    batch_insert_kind = SelectedValuesInsert
     async_driver: str | None = "aiosqlite"
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
@@ -263,19 +265,6 @@ class SQLite(AppClock, BackendDefaults):
 
     def insert_new(self, table: sa.Table, unique: sa.Column[Any]) -> sa.Insert:
         return sqlite_insert(table).on_conflict_do_nothing(index_elements=[unique], index_where=unique.is_not(None))
-
-    def batch_insert(
-        self,
-        dialect: Dialect,
-        table: sa.Table,
-        shared: Mapping[str, ColumnElement[Any]],
-        varying: Sequence[str],
-        read: Sequence[sa.Column[Any]],
-        channel: str | None,
-    ) -> BatchInsert | None:
-        if not dialect.insert_returning:
-            return None
-        return SelectedValuesInsert(table, shared, varying, read, self.parameters_limit)
 
     def configure(self, engine: Engine, options: Mapping[str, Any]) -> None:
         """WAL (readers never block the writer), fsync at checkpoints only, and dibs's writers taking turns
