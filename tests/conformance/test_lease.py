@@ -11,6 +11,7 @@ import pytest
 import sqlalchemy as sa
 
 import dibs
+from dibs.lease import writes
 from tests.conformance.tables import fill, leased_columns, make_leased
 from tests.helpers.harness import Harness
 
@@ -103,6 +104,45 @@ def test_complete_and_fail_many_in_one_statement_report_the_lost(db: Harness) ->
         6: ("failed", "boom"),
     }
     assert db.lease(leases, "complete_many", []) == []
+
+
+def refuse_done(db: Harness, table: sa.Table, key: int) -> None:
+    """A trigger that refuses to mark row ``key`` done: a statement that tries fails as a whole."""
+    name = f"{table.name}_refuse"
+    when = f"NEW.id = {key} AND NEW.status = 'done'"
+    with db.admin.begin() as conn:
+        if db.family == "sqlite":
+            conn.exec_driver_sql(
+                f"CREATE TRIGGER {name} BEFORE UPDATE ON {table.name} WHEN {when} "
+                "BEGIN SELECT RAISE(ABORT, 'refused'); END"
+            )
+        elif db.family == "postgresql":
+            conn.exec_driver_sql(
+                f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS "
+                f"$$ BEGIN IF {when} THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$"
+            )
+            conn.exec_driver_sql(
+                f"CREATE TRIGGER {name} BEFORE UPDATE ON {table.name} FOR EACH ROW EXECUTE FUNCTION {name}()"
+            )
+        else:
+            conn.exec_driver_sql(
+                f"CREATE TRIGGER {name} BEFORE UPDATE ON {table.name} FOR EACH ROW BEGIN IF {when} THEN "
+                "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'refused'; END IF; END"
+            )
+
+
+def test_a_write_of_more_leases_than_one_statement_takes_is_all_or_nothing(
+    db: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(writes, "WRITE_CHUNK", 4)  # 10 leases: three statements
+    table, leases = make_leased(db, 10)
+    held = db.lease(leases, "claim", owner="worker-1", duration=300, limit=10, order_by="id")
+    refuse_done(db, table, 9)
+    with pytest.raises(sa.exc.DBAPIError, match="refused"):
+        db.lease(leases, "complete_many", held)
+    assert {row.status for row in db.rows(sa.select(table))} == {"running"}
+    assert db.lease(leases, "complete_many", held[:8]) == []
+    assert [row.status for row in db.rows(sa.select(table).order_by(table.c.id))] == ["done"] * 8 + ["running"] * 2
 
 
 def test_release_makes_the_row_ready_at_once_and_uncounts_the_attempt(db: Harness) -> None:

@@ -227,6 +227,25 @@ def test_a_postgresql_batch_the_server_refuses_raises_writes_nothing_and_leaves_
             conn.exec_driver_sql("DROP FUNCTION dibs_test_refuse()")
 
 
+def test_a_batch_enqueues_on_an_engine_of_any_paramstyle_the_driver_takes(qdb: QueueDatabase) -> None:
+    # The batch statements are written in the driver's own paramstyle: SQLite's driver takes named too.
+    if qdb.family != "sqlite":
+        pytest.skip("pysqlite takes qmark and named parameters")
+    engine = dibs.create_engine(qdb.url, paramstyle="named")
+    try:
+        app = dibs.App(engine)
+
+        @app.task(name="shop.count")
+        def count(shop: int) -> None:
+            return None
+
+        made = app.enqueue_many(count, [{"shop": n} for n in range(MANY)])
+        assert [job.args["shop"] for job in made] == list(range(MANY))
+        assert stored(qdb) == made
+    finally:
+        engine.dispose()
+
+
 def heard_probe(qdb: QueueDatabase, heard: list[str], lock: threading.Lock) -> None:
     """Notify until the listener hears it (it listens once its thread has connected), then forget it."""
     deadline = time.monotonic() + 10

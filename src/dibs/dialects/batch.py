@@ -201,7 +201,7 @@ class ValuesInsert:
 #: The stand-in for the rows of a :class:`SelectedValuesInsert`, replaced by their ``VALUES`` list.
 _ROWS = "dibs_rows"
 #: A positional parameter in each paramstyle a :class:`SelectedValuesInsert` is compiled to.
-_MARKS = {"qmark": "?", "format": "%s", "pyformat": "%s"}
+_MARKS = {"qmark": "?", "named": "?", "format": "%s", "pyformat": "%s"}
 
 
 class SelectedValuesInsert(ValuesInsert):

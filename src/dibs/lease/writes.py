@@ -229,9 +229,9 @@ class Writes(LeasedTable):
         """One statement per chunk, returning the (key..., token) of the rows it changed."""
         fenced_columns = (*self.key_columns, self.token)
         lost: list[Lease] = []
-        # One statement: atomic on its own, so it may run in autocommit where the backend allows; elsewhere in
-        # the backend's transaction (on SQLite one that takes the write lock, in turn, before the statement).
-        with transaction(bind, backend, one_statement=True) as conn:
+        # One statement is atomic on its own, so it may run in autocommit where the backend allows; more (a
+        # write of more leases than one statement takes) run in the backend's transaction, all or none.
+        with transaction(bind, backend, one_statement=len(leases) <= WRITE_CHUNK) as conn:
             for chunk, chunk_parameters in self._chunks(backend, leases, parameters):
                 changed = driver.fetch_values(conn, statement, chunk_parameters, fenced_columns)
                 # A row changes once however often its lease is listed: as many rows as leases means every
