@@ -20,7 +20,7 @@ from sqlalchemy.engine import Connection, Dialect
 from sqlalchemy.sql import ColumnElement
 
 from dibs._checks import checked_text
-from dibs._errors import InvalidArgument
+from dibs._errors import DibsError, InvalidArgument
 from dibs.dialects import Backend, backend_for
 from dibs.dialects.base import resolve_times
 from dibs.dialects.batch import BatchInsert
@@ -185,6 +185,13 @@ def drafted_jobs(batch: Batch) -> list[Job]:
 
 def stored_jobs(drafts: list[Job], stored: list[Any]) -> list[Job]:
     """The drafted jobs, given the ids and times the database made for them (``stored``, in their order)."""
+    made = sum(len(ids) for ids, _ in stored)
+    if made != len(drafts):
+        raise DibsError(
+            f"the database made {made} rows for the {len(drafts)} jobs of this batch: a trigger or rule on "
+            "dibs_jobs left rows out, so which row is which job is unknown; the call failed (in a transaction "
+            "of its own nothing was kept; in yours, roll it back) and the trigger or rule needs to go"
+        )
     jobs = iter(drafts)
     for ids, (run_at, enqueued_at) in stored:
         run_at, enqueued_at = aware(run_at), aware(enqueued_at)
