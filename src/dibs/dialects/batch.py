@@ -131,16 +131,23 @@ class ValuesInsert:
     def _prepare(self, conn: Connection) -> Any:
         if self._compiled is None:
             compiled = self._one_row.compile(dialect=conn.dialect)
-            sql, names = _positional(compiled, conn.dialect.paramstyle)
-            head, _, rest = sql.partition(" VALUES ")
-            group, _, tail = rest.rpartition(" RETURNING ")
-            self._parts = (f"{head} VALUES ", group, f" RETURNING {tail}")
-            self._names = names
+            sql, self._names = _positional(compiled, conn.dialect.paramstyle)
+            self._parts = self._split(sql, conn.dialect.paramstyle)
             self._rows = ROWS_LIMIT
-            while self._rows > 1 and self._rows * len(names) > self.parameters_limit:
+            while self._rows > 1 and self._parameters(self._rows) > self.parameters_limit:
                 self._rows //= 2
             self._compiled = compiled
         return self._compiled
+
+    def _split(self, sql: str, paramstyle: str) -> tuple[str, str, str]:
+        """The one-row statement as what comes before its rows, one row, and what comes after them."""
+        head, _, rest = sql.partition(" VALUES ")
+        group, _, tail = rest.rpartition(" RETURNING ")
+        return f"{head} VALUES ", group, f" RETURNING {tail}"
+
+    def _parameters(self, rows: int) -> int:
+        """The parameters a statement of ``rows`` rows binds."""
+        return rows * len(self._names)
 
     def _statement(self, rows: int) -> str:
         sql = self._sql.get(rows)
@@ -215,23 +222,16 @@ class SelectedValuesInsert(ValuesInsert):
         selected = sa.select(*shared.values(), *rows.c).select_from(rows)
         return sa.insert(self.table).from_select([*shared, *self.varying], selected).returning(self.table.c.id)
 
-    def _prepare(self, conn: Connection) -> Any:
-        if self._compiled is None:
-            compiled = self._one_row.compile(dialect=conn.dialect)
-            sql, names = _positional(compiled, conn.dialect.paramstyle)
-            parts = re.split(rf"\s+FROM {_ROWS}\b", sql)
-            if len(parts) != 2:
-                raise AssertionError(f"no rows to stand in for in {sql!r}")
-            head, tail = parts
-            mark = _MARKS[conn.dialect.paramstyle]
-            group = "(" + ", ".join([mark] * len(self.varying)) + ")"
-            self._parts = (f"{head} FROM (VALUES ", group, f") AS {_ROWS}{tail}")
-            self._names = names
-            self._rows = ROWS_LIMIT
-            while self._rows > 1 and self._rows * len(self.varying) + len(names) > self.parameters_limit:
-                self._rows //= 2
-            self._compiled = compiled
-        return self._compiled
+    def _split(self, sql: str, paramstyle: str) -> tuple[str, str, str]:
+        parts = re.split(rf"\s+FROM {_ROWS}\b", sql)
+        if len(parts) != 2:
+            raise AssertionError(f"no rows to stand in for in {sql!r}")
+        head, tail = parts
+        group = "(" + ", ".join([_MARKS[paramstyle]] * len(self.varying)) + ")"
+        return f"{head} FROM (VALUES ", group, f") AS {_ROWS}{tail}"
+
+    def _parameters(self, rows: int) -> int:
+        return rows * len(self.varying) + len(self._names)
 
     def _bound(
         self, conn: Connection, shared: Mapping[str, Any], columns: Mapping[str, Sequence[Any]], start: int, end: int
