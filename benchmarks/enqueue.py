@@ -100,8 +100,8 @@ def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backends", default=",".join(BACKENDS))
     parser.add_argument("--systems", default=",".join(SYSTEMS), help="of " + ", ".join(SYSTEMS))
-    parser.add_argument("--batch-jobs", type=int, default=50_000, help="jobs per batch trial")
-    parser.add_argument("--one-jobs", type=int, default=5_000, help="jobs per one-at-a-time trial")
+    parser.add_argument("--batch-jobs", type=int, default=50_000, help="jobs per batch trial (0: no batch trials)")
+    parser.add_argument("--one-jobs", type=int, default=5_000, help="jobs per one-at-a-time trial (0: none)")
     parser.add_argument("--repeats", type=int, default=3, help="trials per system and mode; the median is kept")
     parser.add_argument("--gc", action="store_true", help="gc.freeze() before the trials (every Python system alike)")
     return parser
@@ -135,7 +135,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
             payloads = {mode: payload.many(size) for mode, size in sizes.items()}
             if options.gc:
                 gc.freeze()
-            for mode in ("batch", "one"):
+            for mode in [mode for mode in ("batch", "one") if sizes[mode] > 0]:
                 for round_ in range(options.repeats):
                     for system in systems:
                         if mode not in MODES.get(system, ("batch", "one")):
@@ -145,7 +145,7 @@ def run(argv: list[str] | None = None) -> dict[str, Any]:
                         trials.append({"backend": backend, "system": system, "mode": mode, "jobs": jobs,
                                        "seconds": seconds, "cpu_seconds": cpu, "round": round_})  # fmt: skip
                         print(f"  {backend:<10} {mode:<5} {system:<15} {jobs / seconds:>10,.0f} jobs/s", flush=True)
-            if "dibs" in made:
+            if "dibs" in made and sizes["batch"] > 0:
                 steps[backend] = dibs_steps(made["dibs"], payloads["batch"], options.repeats)
             for enqueuer in made.values():
                 versions.update(getattr(enqueuer, "versions", {}))
