@@ -1,12 +1,15 @@
-"""Lease statements run on the driver's cursor unless someone watches the engine; both ways give the same rows."""
+"""Lease statements run on the driver's cursor unless someone watches the engine, both ways giving the same rows;
+on psycopg one cursor serves a connection's statements."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
+from dibs.dialects import driver
 from tests.conformance.tables import make_leased
 from tests.helpers.harness import Harness
 
@@ -55,3 +58,30 @@ def test_a_lease_claim_returns_rows_exactly_as_stored(db: Harness) -> None:
     stored = {row.id: row for row in db.rows(sa.select(table))}
     for lease in held:
         assert lease.row == stored[lease.key[0]]
+
+
+def test_a_psycopg_connection_keeps_one_cursor_and_takes_a_fresh_one_after_an_error(postgres_database: sa.URL) -> None:
+    engine = sa.create_engine(postgres_database.set(drivername="postgresql+psycopg"))
+    try:
+        with engine.connect() as conn:
+            with conn.begin():
+                assert driver.fetch_text(conn, "SELECT %s", [1]) == [(1,)]
+                kept = conn.connection.info["dibs_cursor"]
+                assert driver.fetch_text(conn, "SELECT %s, %s", [2, 3]) == [(2, 3)]
+                assert conn.connection.info["dibs_cursor"] is kept
+            with pytest.raises(sa.exc.DBAPIError, match="division by zero"), conn.begin():
+                driver.fetch_text(conn, "SELECT 1 / %s", [0])
+            # The cursor that saw the error is not used again.
+            assert "dibs_cursor" not in conn.connection.info
+            with conn.begin():
+                assert driver.fetch_text(conn, "SELECT %s", [4]) == [(4,)]
+                assert conn.connection.info["dibs_cursor"] is not kept
+            driver_connection = conn.connection.dbapi_connection
+        # Back from the pool, the same driver connection comes with its cursor.
+        with engine.connect() as conn, conn.begin():
+            assert conn.connection.dbapi_connection is driver_connection
+            again = conn.connection.info["dibs_cursor"]
+            assert driver.fetch_text(conn, "SELECT %s", [5]) == [(5,)]
+            assert conn.connection.info["dibs_cursor"] is again
+    finally:
+        engine.dispose()

@@ -273,8 +273,10 @@ def _cursor_run(
     meanwhile: Callable[[], None] | None = None,
 ) -> tuple[list[Any], Any, int]:
     dialect = conn.dialect
-    dbapi_connection: Any = conn.connection.dbapi_connection
-    cursor = dbapi_connection.cursor()
+    pooled = conn.connection
+    dbapi_connection: Any = pooled.dbapi_connection
+    kept = _psycopg(dbapi_connection)
+    cursor = _kept_cursor(pooled.info, dbapi_connection) if kept else dbapi_connection.cursor()
     try:
         with nullcontext() if meanwhile is None else dbapi_connection.pipeline():
             cursor.execute(sql, parameters)
@@ -286,6 +288,8 @@ def _cursor_run(
             described = cursor.description if describe else None
         return rows, described, cursor.rowcount
     except dialect.loaded_dbapi.Error as error:
+        kept = False  # a fresh cursor next time, whatever state this one was left in
+        pooled.info.pop(_KEPT_CURSOR, None)
         # As SQLAlchemy does: a connection the server dropped is invalidated, and the error wrapped.
         lost = dialect.is_disconnect(error, dbapi_connection, cursor)
         if lost:
@@ -299,8 +303,24 @@ def _cursor_run(
             dialect=dialect,
         ) from error
     finally:
-        with suppress(Exception):  # a cursor of a connection that just died may fail to close
-            cursor.close()
+        if not kept:
+            with suppress(Exception):  # a cursor of a connection that just died may fail to close
+                cursor.close()
+
+
+#: Where a psycopg connection's cursor is kept: its pool entry's info, which SQLAlchemy keeps while the
+#: driver connection lives and clears when it is replaced.
+_KEPT_CURSOR = "dibs_cursor"
+
+
+def _kept_cursor(info: dict[Any, Any], dbapi_connection: Any) -> Any:
+    """The cursor kept with a psycopg connection, made the first time: a new psycopg cursor sets up its
+    adapters and loaders anew, a third of the Python time of a one-row INSERT. A pooled connection serves
+    one thread at a time, and so does its cursor."""
+    cursor = info.get(_KEPT_CURSOR)
+    if cursor is None or cursor.closed or cursor.connection is not dbapi_connection:
+        cursor = info[_KEPT_CURSOR] = dbapi_connection.cursor()
+    return cursor
 
 
 def fetch_values_meanwhile(
@@ -322,13 +342,22 @@ def fetch_values_meanwhile(
     return prepared.values(rows, description)
 
 
-def _pipelines(dbapi_connection: Any) -> bool:
-    """Whether the driver connection is psycopg's own (not an asyncio adapter) and libpq has pipeline mode."""
+def _psycopg(dbapi_connection: Any) -> bool:
+    """Whether the driver connection is psycopg's own (not an asyncio adapter)."""
     if not type(dbapi_connection).__module__.startswith("psycopg"):
         return False
     import psycopg
 
-    return isinstance(dbapi_connection, psycopg.Connection) and psycopg.Pipeline.is_supported()
+    return isinstance(dbapi_connection, psycopg.Connection)
+
+
+def _pipelines(dbapi_connection: Any) -> bool:
+    """Whether the driver connection is psycopg's own and libpq has pipeline mode."""
+    if not _psycopg(dbapi_connection):
+        return False
+    import psycopg
+
+    return psycopg.Pipeline.is_supported()
 
 
 def _sent(dbapi_connection: Any) -> None:
