@@ -76,12 +76,25 @@ def test_a_psycopg_connection_keeps_one_cursor_and_takes_a_fresh_one_after_an_er
             with conn.begin():
                 assert driver.fetch_text(conn, "SELECT %s", [4]) == [(4,)]
                 assert conn.connection.info["dibs_cursor"] is not kept
+            # Nor is one left in the middle of a statement by an error of Python's.
+            kept = conn.connection.info["dibs_cursor"]
+            one = sa.literal_column("1")
+
+            def failing() -> None:
+                raise ZeroDivisionError
+
+            with pytest.raises(ZeroDivisionError), conn.begin():
+                driver.fetch_values_meanwhile(conn, sa.select(one), {}, [one], failing)
+            assert conn.connection.info.get("dibs_cursor") is None
+            assert kept.closed
             driver_connection = conn.connection.dbapi_connection
         # Back from the pool, the same driver connection comes with its cursor.
         with engine.connect() as conn, conn.begin():
             assert conn.connection.dbapi_connection is driver_connection
-            again = conn.connection.info["dibs_cursor"]
             assert driver.fetch_text(conn, "SELECT %s", [5]) == [(5,)]
+            again = conn.connection.info["dibs_cursor"]
+        with engine.connect() as conn, conn.begin():
+            assert driver.fetch_text(conn, "SELECT %s", [6]) == [(6,)]
             assert conn.connection.info["dibs_cursor"] is again
     finally:
         engine.dispose()

@@ -276,7 +276,9 @@ def _cursor_run(
     pooled = conn.connection
     dbapi_connection: Any = pooled.dbapi_connection
     kept = _psycopg(dbapi_connection)
-    cursor = _kept_cursor(pooled.info, dbapi_connection) if kept else dbapi_connection.cursor()
+    info = pooled.info
+    cursor = _kept_cursor(info, dbapi_connection) if kept else dbapi_connection.cursor()
+    finished = False
     try:
         with nullcontext() if meanwhile is None else dbapi_connection.pipeline():
             cursor.execute(sql, parameters)
@@ -286,10 +288,9 @@ def _cursor_run(
             rows = list(cursor.fetchall()) if fetch_rows else []
             # The description only the first time: psycopg builds it anew on every read.
             described = cursor.description if describe else None
+        finished = True
         return rows, described, cursor.rowcount
     except dialect.loaded_dbapi.Error as error:
-        kept = False  # a fresh cursor next time, whatever state this one was left in
-        pooled.info.pop(_KEPT_CURSOR, None)
         # As SQLAlchemy does: a connection the server dropped is invalidated, and the error wrapped.
         lost = dialect.is_disconnect(error, dbapi_connection, cursor)
         if lost:
@@ -303,7 +304,9 @@ def _cursor_run(
             dialect=dialect,
         ) from error
     finally:
-        if not kept:
+        if kept and not finished:  # a fresh cursor next time, whatever state this one was left in
+            info.pop(_KEPT_CURSOR, None)
+        if not (kept and finished):
             with suppress(Exception):  # a cursor of a connection that just died may fail to close
                 cursor.close()
 
