@@ -109,11 +109,10 @@ class Job:
     @classmethod
     def made(cls, fields: dict[str, Any]) -> Job:
         """The job of these fields (every field, by name), as an enqueue just stored it."""
-        # Giving the instance a copy of the fields as its dict costs a fifteenth of the frozen __init__, which
-        # sets each field on its own, and two thirds of updating the key-sharing dict the instance comes
-        # with: the cost that counts when a batch returns thousands of jobs.
+        # Filling the instance's dict at once costs a tenth of the frozen __init__, which sets each field on
+        # its own: the cost that counts when a batch returns thousands of jobs.
         job = cls.__new__(cls)
-        object.__setattr__(job, "__dict__", fields.copy())
+        job.__dict__.update(fields)
         return job
 
     def result(self, timeout: float | None = None) -> Any:
