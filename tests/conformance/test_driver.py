@@ -3,6 +3,7 @@ on psycopg one cursor serves a connection's statements."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -60,24 +61,28 @@ def test_a_lease_claim_returns_rows_exactly_as_stored(db: Harness) -> None:
         assert lease.row == stored[lease.key[0]]
 
 
+def kept_cursor(conn: sa.Connection) -> Any:
+    return conn.connection.info["dibs_cursor"][1]
+
+
 def test_a_psycopg_connection_keeps_one_cursor_and_takes_a_fresh_one_after_an_error(postgres_database: sa.URL) -> None:
     engine = sa.create_engine(postgres_database.set(drivername="postgresql+psycopg"))
     try:
         with engine.connect() as conn:
             with conn.begin():
                 assert driver.fetch_text(conn, "SELECT %s", [1]) == [(1,)]
-                kept = conn.connection.info["dibs_cursor"]
+                kept = kept_cursor(conn)
                 assert driver.fetch_text(conn, "SELECT %s, %s", [2, 3]) == [(2, 3)]
-                assert conn.connection.info["dibs_cursor"] is kept
+                assert kept_cursor(conn) is kept
             with pytest.raises(sa.exc.DBAPIError, match="division by zero"), conn.begin():
                 driver.fetch_text(conn, "SELECT 1 / %s", [0])
             # The cursor that saw the error is not used again.
             assert "dibs_cursor" not in conn.connection.info
             with conn.begin():
                 assert driver.fetch_text(conn, "SELECT %s", [4]) == [(4,)]
-                assert conn.connection.info["dibs_cursor"] is not kept
+                assert kept_cursor(conn) is not kept
             # Nor is one left in the middle of a statement by an error of Python's.
-            kept = conn.connection.info["dibs_cursor"]
+            kept = kept_cursor(conn)
             one = sa.literal_column("1")
 
             def failing() -> None:
@@ -92,9 +97,50 @@ def test_a_psycopg_connection_keeps_one_cursor_and_takes_a_fresh_one_after_an_er
         with engine.connect() as conn, conn.begin():
             assert conn.connection.dbapi_connection is driver_connection
             assert driver.fetch_text(conn, "SELECT %s", [5]) == [(5,)]
-            again = conn.connection.info["dibs_cursor"]
+            again = kept_cursor(conn)
         with engine.connect() as conn, conn.begin():
             assert driver.fetch_text(conn, "SELECT %s", [6]) == [(6,)]
-            assert conn.connection.info["dibs_cursor"] is again
+            assert kept_cursor(conn) is again
+        # A large result is not kept in memory until the next statement, nor are large parameters.
+        with engine.connect() as conn, conn.begin():
+            assert len(driver.fetch_text(conn, "SELECT generate_series(1, 1000)", [])) == 1000
+            assert "dibs_cursor" not in conn.connection.info
+            assert driver.fetch_text(conn, "SELECT length(%s)", ["x" * 100_000]) == [(100_000,)]
+            assert "dibs_cursor" not in conn.connection.info
     finally:
         engine.dispose()
+
+
+def test_a_cursor_kept_for_one_thread_is_not_handed_to_another_on_the_same_connection(
+    postgres_database: sa.URL,
+) -> None:
+    # A StaticPool hands every thread the same driver connection; a cursor kept for one thread must not
+    # serve another, whose statement could run between the first one's execute and its fetch.
+    import psycopg
+
+    url = postgres_database
+    shared = psycopg.connect(host=url.host, port=url.port, user=url.username, dbname=url.database)
+    engine = sa.create_engine("postgresql+psycopg://", creator=lambda: shared, poolclass=sa.StaticPool)
+    theirs: list[Any] = []
+
+    def select_elsewhere() -> None:
+        with engine.connect() as conn, conn.begin():
+            assert conn.connection.dbapi_connection is shared
+            assert driver.fetch_text(conn, "SELECT %s", [2]) == [(2,)]
+            theirs.append(kept_cursor(conn))
+
+    try:
+        with engine.connect() as conn, conn.begin():
+            assert driver.fetch_text(conn, "SELECT %s", [1]) == [(1,)]
+            mine = kept_cursor(conn)
+            other = threading.Thread(target=select_elsewhere)
+            other.start()
+            other.join()
+            assert len(theirs) == 1
+            assert theirs[0] is not mine
+            # Back on this thread, a cursor of its own again.
+            assert driver.fetch_text(conn, "SELECT %s", [3]) == [(3,)]
+            assert kept_cursor(conn) is not theirs[0]
+    finally:
+        engine.dispose()
+        shared.close()

@@ -10,7 +10,10 @@ once per dialect and then run on the DBAPI cursor of the SQLAlchemy connection i
 * the types' conversions stay SQLAlchemy's too: every parameter goes through its type's bind processor
   and every returned value through its type's result processor, exactly as ``Connection.execute`` would;
 * a driver error is raised as SQLAlchemy raises it (a :class:`sqlalchemy.exc.DBAPIError` around the
-  driver's), and a dropped connection is invalidated, so the pool never hands it out again.
+  driver's), and a dropped connection is invalidated, so the pool never hands it out again;
+* on psycopg a small statement's cursor is kept for the connection's next one on the same thread: psycopg
+  copies a connection's adapters into each cursor it makes, so adapters belong in a ``connect`` event, set
+  before dibs first uses the connection.
 
 A statement is run the ordinary way instead when someone watches the engine (``echo``, a logger of
 ``sqlalchemy.engine`` at INFO, ``before_cursor_execute``/``after_cursor_execute`` listeners for tracing),
@@ -20,6 +23,7 @@ types through ``setinputsizes``.
 
 from __future__ import annotations
 
+import threading
 import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -278,7 +282,7 @@ def _cursor_run(
     kept = _psycopg(dbapi_connection)
     info = pooled.info
     cursor = _kept_cursor(info, dbapi_connection) if kept else dbapi_connection.cursor()
-    finished = False
+    keep = False
     try:
         with nullcontext() if meanwhile is None else dbapi_connection.pipeline():
             cursor.execute(sql, parameters)
@@ -288,9 +292,11 @@ def _cursor_run(
             rows = list(cursor.fetchall()) if fetch_rows else []
             # The description only the first time: psycopg builds it anew on every read.
             described = cursor.description if describe else None
-        finished = True
+        keep = kept and meanwhile is None and _small(parameters, rows)
         return rows, described, cursor.rowcount
     except dialect.loaded_dbapi.Error as error:
+        if kept:  # before an invalidation gives the pool entry back
+            _forget(info, cursor)
         # As SQLAlchemy does: a connection the server dropped is invalidated, and the error wrapped.
         lost = dialect.is_disconnect(error, dbapi_connection, cursor)
         if lost:
@@ -304,26 +310,43 @@ def _cursor_run(
             dialect=dialect,
         ) from error
     finally:
-        if kept and not finished:  # a fresh cursor next time, whatever state this one was left in
-            info.pop(_KEPT_CURSOR, None)
-        if not (kept and finished):
+        if not keep:  # after a failure too: a fresh cursor next time, whatever state this one was left in
+            if kept:
+                _forget(info, cursor)
             with suppress(Exception):  # a cursor of a connection that just died may fail to close
                 cursor.close()
 
 
-#: Where a psycopg connection's cursor is kept: its pool entry's info, which SQLAlchemy keeps while the
-#: driver connection lives and clears when it is replaced.
+#: Where a psycopg connection's cursor is kept, with the thread it serves: its pool entry's info, which
+#: SQLAlchemy keeps while the driver connection lives and clears when it is replaced.
 _KEPT_CURSOR = "dibs_cursor"
+#: A kept cursor holds its last statement's parameters and rows until its next one: it is kept only after
+#: a statement this small (in rows, and in characters and items of its parameters), where a new cursor's
+#: cost counts.
+_KEPT_ROWS = 100
+_KEPT_SIZE = 65_536
 
 
 def _kept_cursor(info: dict[Any, Any], dbapi_connection: Any) -> Any:
-    """The cursor kept with a psycopg connection, made the first time: a new psycopg cursor sets up its
-    adapters and loaders anew, a third of the Python time of a one-row INSERT. A pooled connection serves
-    one thread at a time, and so does its cursor."""
-    cursor = info.get(_KEPT_CURSOR)
-    if cursor is None or cursor.closed or cursor.connection is not dbapi_connection:
-        cursor = info[_KEPT_CURSOR] = dbapi_connection.cursor()
+    """The cursor kept with a psycopg connection for this thread, made the first time: a new psycopg cursor
+    sets up its adapters and loaders anew, a third of the Python time of a one-row INSERT. The thread
+    matters where a pool shares one connection between threads (StaticPool)."""
+    thread, cursor = info.get(_KEPT_CURSOR, (None, None))
+    if thread != threading.get_ident() or cursor.closed or cursor.connection is not dbapi_connection:
+        cursor = dbapi_connection.cursor()
+        info[_KEPT_CURSOR] = (threading.get_ident(), cursor)
     return cursor
+
+
+def _forget(info: dict[Any, Any], cursor: Any) -> None:
+    if info.get(_KEPT_CURSOR, (None, None))[1] is cursor:
+        del info[_KEPT_CURSOR]
+
+
+def _small(parameters: Any, rows: list[Any]) -> bool:
+    values = parameters.values() if isinstance(parameters, Mapping) else parameters
+    size = sum(len(value) for value in values if isinstance(value, (str, bytes, list, tuple)))
+    return len(rows) <= _KEPT_ROWS and size <= _KEPT_SIZE
 
 
 def fetch_values_meanwhile(
