@@ -17,7 +17,7 @@ from sqlalchemy.sql import ClauseElement, ColumnElement
 
 from dibs._checks import checked_count
 from dibs._errors import InTransaction, InvalidArgument
-from dibs.dialects import ClaimRequest, backend_for, driver, strategy_for
+from dibs.dialects import ClaimRequest, backend_for, psycopg_connection, strategy_for
 from dibs.dialects.transactions import checked_out
 
 if TYPE_CHECKING:
@@ -180,7 +180,7 @@ def claim_on_connection(
     try:
         if chosen.single_statement and request.then is None:
             # One statement is atomic on its own: without BEGIN and COMMIT it costs one round trip, not three.
-            with driver.autocommit(conn, owned=owned):
+            with psycopg_connection.autocommit(conn, owned=owned):
                 return chosen.claim(conn, request)
         return chosen.claim(conn, request)
     except sa.exc.DBAPIError as exc:

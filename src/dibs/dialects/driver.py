@@ -23,11 +23,10 @@ types through ``setinputsizes``.
 
 from __future__ import annotations
 
-import threading
 import uuid
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext, suppress
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext, suppress
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any, cast
@@ -36,6 +35,15 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Dialect, Row
 from sqlalchemy.engine.interfaces import BindTyping
 from sqlalchemy.engine.result import IteratorResult, SimpleResultMetaData
+
+from dibs.dialects.psycopg_connection import (
+    forget_kept_cursor,
+    is_psycopg,
+    kept_cursor,
+    pipelines,
+    sent_whole,
+    small_statement,
+)
 
 _NOTHING = object()
 #: Converted values that may be shared between rows: no caller can change them in place.
@@ -279,24 +287,24 @@ def _cursor_run(
     dialect = conn.dialect
     pooled = conn.connection
     dbapi_connection: Any = pooled.dbapi_connection
-    kept = _psycopg(dbapi_connection)
+    kept = is_psycopg(dbapi_connection)
     info = pooled.info
-    cursor = _kept_cursor(info, dbapi_connection) if kept else dbapi_connection.cursor()
+    cursor = kept_cursor(info, dbapi_connection) if kept else dbapi_connection.cursor()
     keep = False
     try:
         with nullcontext() if meanwhile is None else dbapi_connection.pipeline():
             cursor.execute(sql, parameters)
             if meanwhile is not None:
-                _sent(dbapi_connection)
+                sent_whole(dbapi_connection)
                 meanwhile()
             rows = list(cursor.fetchall()) if fetch_rows else []
             # The description only the first time: psycopg builds it anew on every read.
             described = cursor.description if describe else None
-        keep = kept and meanwhile is None and _small(parameters, rows)
+        keep = kept and meanwhile is None and small_statement(parameters, rows)
         return rows, described, cursor.rowcount
     except dialect.loaded_dbapi.Error as error:
         if kept:  # before an invalidation gives the pool entry back
-            _forget(info, cursor)
+            forget_kept_cursor(info, cursor)
         # As SQLAlchemy does: a connection the server dropped is invalidated, and the error wrapped.
         lost = dialect.is_disconnect(error, dbapi_connection, cursor)
         if lost:
@@ -312,41 +320,9 @@ def _cursor_run(
     finally:
         if not keep:  # after a failure too: a fresh cursor next time, whatever state this one was left in
             if kept:
-                _forget(info, cursor)
+                forget_kept_cursor(info, cursor)
             with suppress(Exception):  # a cursor of a connection that just died may fail to close
                 cursor.close()
-
-
-#: Where a psycopg connection's cursor is kept, with the thread it serves: its pool entry's info, which
-#: SQLAlchemy keeps while the driver connection lives and clears when it is replaced.
-_KEPT_CURSOR = "dibs_cursor"
-#: A kept cursor holds its last statement's parameters and rows until its next one: it is kept only after
-#: a statement this small (in rows, and in characters and items of its parameters), where a new cursor's
-#: cost counts.
-_KEPT_ROWS = 100
-_KEPT_SIZE = 65_536
-
-
-def _kept_cursor(info: dict[Any, Any], dbapi_connection: Any) -> Any:
-    """The cursor kept with a psycopg connection for this thread, made the first time: a new psycopg cursor
-    sets up its adapters and loaders anew, a third of the Python time of a one-row INSERT. The thread
-    matters where a pool shares one connection between threads (StaticPool)."""
-    thread, cursor = info.get(_KEPT_CURSOR, (None, None))
-    if thread != threading.get_ident() or cursor.closed or cursor.connection is not dbapi_connection:
-        cursor = dbapi_connection.cursor()
-        info[_KEPT_CURSOR] = (threading.get_ident(), cursor)
-    return cursor
-
-
-def _forget(info: dict[Any, Any], cursor: Any) -> None:
-    if info.get(_KEPT_CURSOR, (None, None))[1] is cursor:
-        del info[_KEPT_CURSOR]
-
-
-def _small(parameters: Any, rows: list[Any]) -> bool:
-    values = parameters.values() if isinstance(parameters, Mapping) else parameters
-    size = sum(len(value) for value in values if isinstance(value, (str, bytes, list, tuple)))
-    return len(rows) <= _KEPT_ROWS and size <= _KEPT_SIZE
 
 
 def fetch_values_meanwhile(
@@ -360,69 +336,9 @@ def fetch_values_meanwhile(
     the statement: psycopg sends it in pipeline mode and reads its rows once ``meanwhile`` returns, so that
     the server and Python work at once; elsewhere ``meanwhile`` runs first."""
     prepared = _prepared(conn, statement, columns)
-    if prepared is None or not _pipelines(conn.connection.dbapi_connection):
+    if prepared is None or not pipelines(conn.connection.dbapi_connection):
         meanwhile()
         return fetch_values(conn, statement, values, columns)
     rows, description, _ = _cursor_run(conn, prepared.sql, prepared.parameters(values), fetch_rows=True,
                                        describe=prepared.describe, meanwhile=meanwhile)  # fmt: skip
     return prepared.values(rows, description)
-
-
-def _psycopg(dbapi_connection: Any) -> bool:
-    """Whether the driver connection is psycopg's own (not an asyncio adapter)."""
-    if not type(dbapi_connection).__module__.startswith("psycopg"):
-        return False
-    import psycopg
-
-    return isinstance(dbapi_connection, psycopg.Connection)
-
-
-def _pipelines(dbapi_connection: Any) -> bool:
-    """Whether the driver connection is psycopg's own and libpq has pipeline mode."""
-    if not _psycopg(dbapi_connection):
-        return False
-    import psycopg
-
-    return psycopg.Pipeline.is_supported()
-
-
-def _sent(dbapi_connection: Any) -> None:
-    """Send what psycopg queued in pipeline mode, all of it: it sends the rest of a long statement only when
-    the result is read, and the server cannot start on a statement it has not received."""
-    from psycopg import generators
-
-    dbapi_connection.wait(generators.send(dbapi_connection.pgconn))
-
-
-@contextmanager
-def autocommit(conn: Connection, *, owned: bool) -> Iterator[None]:
-    """Run the one statement of the block, a claim or a lease write that is atomic on its own, without BEGIN
-    and COMMIT (one round trip instead of three) on ``conn``, which has no transaction open.
-
-    With psycopg the driver connection is switched to autocommit for the block and back after it: SQLAlchemy
-    sees no transaction before the block and none after, as if it had run one, so this holds on a caller's
-    connection too. Setting SQLAlchemy's AUTOCOMMIT isolation level instead goes through its connection
-    characteristics (set on checkout, reset on return), which cost as much as the statement's own Python
-    time; it is still what other drivers get, on connections dibs checked out itself (``owned``). A
-    caller's connection with another driver runs the statement in a transaction of its own.
-    """
-    dialect = conn.dialect
-    if conn.in_transaction() or dialect.driver != "psycopg" or dialect.is_async:
-        if owned and not conn.in_transaction():
-            conn.execution_options(isolation_level="AUTOCOMMIT")
-        yield
-        return
-    dbapi_connection: Any = conn.connection.dbapi_connection
-    if dbapi_connection.autocommit:  # the caller's AUTOCOMMIT isolation level: nothing to switch
-        yield
-        return
-    dbapi_connection.autocommit = True
-    try:
-        yield
-    finally:
-        if not conn.invalidated:
-            try:
-                dbapi_connection.autocommit = False
-            except Exception:
-                # Never hand the pool a connection that would commit every statement of a later transaction.
-                conn.invalidate()

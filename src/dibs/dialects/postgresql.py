@@ -35,7 +35,7 @@ from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.elements import Grouping
 
-from dibs.dialects import driver
+from dibs.dialects import driver, psycopg_connection
 from dibs.dialects.backend import BackendDefaults, Listener
 from dibs.dialects.batch import BatchInsert
 from dibs.dialects.keys import fenced_in_list, fenced_in_list_values
@@ -142,7 +142,7 @@ class PostgreSQL(BackendDefaults):
     @contextlib.contextmanager
     def one_statement(self, conn: Connection, *, owned: bool) -> Iterator[None]:
         # SQLAlchemy's transaction sends nothing in autocommit mode; it marks the statement's bounds.
-        with driver.autocommit(conn, owned=owned), conn.begin():
+        with psycopg_connection.autocommit(conn, owned=owned), conn.begin():
             yield
 
     def now(self) -> ColumnElement[datetime]:
