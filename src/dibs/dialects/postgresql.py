@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -45,6 +46,8 @@ from dibs.dialects.request import ClaimRequest, ClaimStrategy, StatementCache, r
 from dibs.dialects.transactions import explicit_transaction
 from dibs.dialects.unnest import ArrayInsert
 from dibs.dialects.versions import server_version, warn_fallback
+
+log = logging.getLogger("dibs.postgresql")
 
 SKIP_LOCKED_SINCE = (9, 5)
 #: Column types whose Python values sort as PostgreSQL sorts them. Not text (collations), nor floats and
@@ -256,6 +259,7 @@ class Notifications:
         #: Whether notifications arrive now: False until LISTEN took effect, and while reconnecting.
         self.listening = False
         self._stop = threading.Event()
+        self._failing = False  # whether the last try to listen failed (said once until it listens again)
         # What close() sends to wake this listener at once; no queue has this name, so no worker wakes.
         self._farewell = f"dibs-listener-stop-{id(self)}-{threading.get_ident()}"
         self._thread = threading.Thread(target=self._run, name=f"dibs-listen-{channel}", daemon=True)
@@ -265,7 +269,13 @@ class Notifications:
         while not self._stop.is_set():
             try:
                 self._listen()
-            except Exception:
+            except Exception as error:
+                if self._stop.is_set():
+                    break  # the connection closed under a listener that was stopping: nothing was missed
+                # Said once an outage, not at every try: callers poll meanwhile, so nothing is lost but time.
+                if not self._failing:
+                    log.warning("listening on %s failed, polling until it listens again: %s", self.channel, error)
+                self._failing = True
                 self._stop.wait(1.0)
 
     def _listen(self) -> None:
@@ -280,6 +290,9 @@ class Notifications:
             conn.autocommit = True
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
             self.listening = True
+            if self._failing:
+                log.info("listening on %s again", self.channel)
+                self._failing = False
             # Whatever was enqueued while (re)connecting is found by the poll this wake-up triggers.
             self.woken("")
             while not self._stop.is_set():

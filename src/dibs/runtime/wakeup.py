@@ -37,6 +37,12 @@ class Wakeup:
         self._loop = loop
         self._event = asyncio.Event()
 
+    @property
+    def listening(self) -> bool:
+        """Whether the database's notifications reach this wake-up now (not while its listener reconnects)."""
+        listener = self._listener
+        return listener is not None and listener.listening
+
     def clear(self) -> None:
         """Forget earlier wake-ups: the next :meth:`sleep` waits for a new one (call it before looking for work,
         so that one that comes while looking still cuts the following sleep short)."""
