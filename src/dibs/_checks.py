@@ -13,7 +13,9 @@ import os
 import re
 import socket
 import uuid
+from collections.abc import Mapping
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from dibs._errors import InvalidArgument
 
@@ -143,6 +145,15 @@ def checked_attempts(value: object, what: str = "max_attempts") -> int:
 def checked_priority(value: object) -> int:
     """A job's priority: a whole number from -1,000,000 to 1,000,000; InvalidArgument otherwise."""
     return checked_integer(value, "priority", -1_000_000, 1_000_000)
+
+
+def checked_options(value: object, what: str) -> dict[str, Any]:
+    """``value`` (None for none) as a dict of keyword options; InvalidArgument unless it maps names to values."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(key, str) and key.isidentifier() for key in value):
+        raise InvalidArgument(f"{what} must be a dict of options by name, like {{'echo': True}}; got {_shown(value)}")
+    return dict(value)
 
 
 def _shown(value: object) -> str:

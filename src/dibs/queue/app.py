@@ -41,6 +41,9 @@ class App(Registering, Workflows, Administering, Pausing):
         max_args_bytes: The most bytes of JSON one job's arguments may take.
         notify: Whether enqueueing wakes PostgreSQL workers at once with NOTIFY, and workers announce
             finished jobs to those waiting for their results (who then LISTEN instead of polling).
+        async_engine_options: Options for the asyncio engine a worker opens on this database when an async
+            transactional task first runs, as for :func:`dibs.create_async_engine`: give it the options
+            your Engine was made with (``connect_args`` and the like), which an Engine does not record.
 
     Raises:
         InvalidArgument: A bad URL, queue name or ``max_args_bytes``.

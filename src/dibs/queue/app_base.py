@@ -3,13 +3,13 @@ translation of a statement's failure into SchemaMissing when the dibs tables are
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Engine
 
-from dibs._checks import checked_integer, checked_name
+from dibs._checks import checked_integer, checked_name, checked_options
 from dibs.queue.enqueue import CHANNEL
 from dibs.queue.job import Job
 from dibs.queue.results import ResultWaiter
@@ -31,6 +31,7 @@ class AppBase(DibsDatabase):
         queues: Iterable[str] = (),
         max_args_bytes: int = 1_000_000,
         notify: bool = True,
+        async_engine_options: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__(db)
         #: The registered tasks by name.
@@ -42,6 +43,9 @@ class AppBase(DibsDatabase):
         #: Whether enqueueing wakes PostgreSQL workers with NOTIFY, and finishing jobs wakes those who wait
         #: for their results.
         self.notify = notify
+        #: Options for the asyncio engine a worker opens on this database for async transactional tasks, as
+        #: for :func:`dibs.create_async_engine` (an Engine given carries no record of its own options).
+        self.async_engine_options = checked_options(async_engine_options, "async_engine_options")
         #: Periodic job schedules by name (see :meth:`dibs.App.periodic`).
         self.schedules: dict[str, Periodic] = {}
         self._store: JobStore | None = None

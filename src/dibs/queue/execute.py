@@ -71,7 +71,15 @@ class Runners:
         writes: Where they record what became of each.
     """
 
-    def __init__(self, *, tasks: Mapping[str, Task], concurrency: int, jobs: ClaimedJobs, writes: JobWrites) -> None:
+    def __init__(
+        self,
+        *,
+        tasks: Mapping[str, Task],
+        concurrency: int,
+        jobs: ClaimedJobs,
+        writes: JobWrites,
+        async_options: Mapping[str, Any],
+    ) -> None:
         self.tasks = tasks
         self.concurrency = concurrency
         self.jobs = jobs
@@ -84,7 +92,7 @@ class Runners:
         self._succeeded = writes.successes.add
         self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="dibs-task")
         #: Where transactional tasks write.
-        self.transactions = Transactions(writes.engine, writes.store)
+        self.transactions = Transactions(writes.engine, writes.store, async_options)
         #: What the running jobs report of their progress, written once a second.
         self.progress = ProgressWrites(writes.shared, self._lease_of)
         # Decided once: without the OpenTelemetry API a run costs one comparison more, nothing else.

@@ -15,11 +15,12 @@ same database through the family's asyncio driver.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import ArgumentError
 
 from dibs._errors import InvalidArgument
 from dibs.dialects import async_url, backend_for
@@ -158,11 +159,13 @@ async def run_async(
 
 class Transactions:
     """The database a worker's transactional tasks write in: the app's engine for sync functions, and an
-    asyncio engine on the same database for async ones, opened when first needed and closed with the worker."""
+    asyncio engine on the same database for async ones (made with ``async_options``), opened when first
+    needed and closed with the worker."""
 
-    def __init__(self, engine: Engine, store: JobStore) -> None:
+    def __init__(self, engine: Engine, store: JobStore, async_options: Mapping[str, Any]) -> None:
         self.engine = engine
         self.store = store
+        self.async_options = async_options
         self._async: AsyncEngine | None = None
 
     def call(
@@ -179,10 +182,19 @@ class Transactions:
             # Opened here, not when the worker starts: an app with no async transactional task needs no
             # asyncio driver, and one that is missing fails the job with the error that says what to install.
             if self._async is None:
-                self._async = create_async_engine(async_url(self.engine.url))
+                self._async = self._opened()
             return await run_async(self._async, self.store, lease, function, context, **kwargs)
 
         return run
+
+    def _opened(self) -> AsyncEngine:
+        try:
+            return create_async_engine(async_url(self.engine.url), **self.async_options)
+        except (TypeError, ArgumentError) as exc:
+            raise InvalidArgument(
+                f"the App's async_engine_options were refused ({exc}); give the options of "
+                "sqlalchemy.ext.asyncio.create_async_engine"
+            ) from exc
 
     async def close(self) -> None:
         """Close the asyncio engine's connections, if one was opened."""

@@ -162,7 +162,13 @@ class Worker(Service[WorkerStats]):
         )
         self.writes = JobWrites(shared)
         self.jobs = ClaimedJobs(wakeup)
-        self.runners = Runners(tasks=app.tasks, concurrency=self.concurrency, jobs=self.jobs, writes=self.writes)
+        self.runners = Runners(
+            tasks=app.tasks,
+            concurrency=self.concurrency,
+            jobs=self.jobs,
+            writes=self.writes,
+            async_options=app.async_engine_options,
+        )
         self.fetcher = Fetcher(
             shared,
             settings=self.settings,
