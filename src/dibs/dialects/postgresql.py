@@ -260,6 +260,8 @@ class Notifications:
         self.listening = False
         self._stop = threading.Event()
         self._failing = False  # whether the last try to listen failed (said once until it listens again)
+        # True while reconnecting at once after the connection dropped as it listened; then why it dropped.
+        self._dropped: bool | str | None = None
         # What close() sends to wake this listener at once; no queue has this name, so no worker wakes.
         self._farewell = f"dibs-listener-stop-{id(self)}-{threading.get_ident()}"
         self._thread = threading.Thread(target=self._run, name=f"dibs-listen-{channel}", daemon=True)
@@ -272,9 +274,15 @@ class Notifications:
             except Exception as error:
                 if self._stop.is_set():
                     break  # the connection closed under a listener that was stopping: nothing was missed
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                if self._dropped is True:
+                    # It listened until now (a server restart, an idle timeout): reconnect at once, and say
+                    # so only once it listens again, or in a warning if that fails.
+                    self._dropped = reason
+                    continue
                 # Said once an outage, not at every try: callers poll meanwhile, so nothing is lost but time.
                 if not self._failing:
-                    log.warning("listening on %s failed, polling until it listens again: %s", self.channel, error)
+                    log.warning("listening on %s failed, polling until it listens again: %s", self.channel, reason)
                 self._failing = True
                 self._stop.wait(1.0)
 
@@ -289,10 +297,10 @@ class Notifications:
         try:
             conn.autocommit = True
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            if self._stop.is_set():
+                return
             self.listening = True
-            if self._failing:
-                log.info("listening on %s again", self.channel)
-                self._failing = False
+            self._said_listening_again()
             # Whatever was enqueued while (re)connecting is found by the poll this wake-up triggers.
             self.woken("")
             while not self._stop.is_set():
@@ -304,8 +312,17 @@ class Notifications:
             dropped, self.listening = self.listening, False
             conn.close()
             if dropped and not self._stop.is_set():
+                self._dropped = True
                 # Nothing is heard until the thread reconnects: callers go back to polling meanwhile.
                 self.woken("")
+
+    def _said_listening_again(self) -> None:
+        """Log that it listens again, after a failure (INFO) or a dropped connection (INFO, with why)."""
+        if self._failing:
+            log.info("listening on %s again", self.channel)
+        elif isinstance(self._dropped, str):
+            log.info("listening on %s again after its connection dropped: %s", self.channel, self._dropped)
+        self._failing, self._dropped = False, None
 
     def close(self) -> None:
         self._stop.set()
