@@ -77,15 +77,23 @@ def test_async_engine_options_that_are_not_options_by_name_are_refused(options: 
         dibs.App("sqlite:///unused.sqlite", async_engine_options=options)
 
 
-def test_an_option_the_async_engine_refuses_fails_the_job_saying_so(qdb: QueueDatabase) -> None:
+@pytest.mark.parametrize(
+    "options", [{"isolation_level": "AUTOCOMMIT"}, {"execution_options": {"isolation_level": "AUTOCOMMIT"}}]
+)
+def test_async_engine_options_that_would_take_the_jobs_transaction_away_are_refused(options: Any) -> None:
+    with pytest.raises(dibs.InvalidArgument, match="async_engine_options cannot set isolation_level"):
+        dibs.App("sqlite:///unused.sqlite", async_engine_options=options)
+
+
+def test_an_option_the_async_engine_does_not_know_stops_the_worker_as_it_starts(qdb: QueueDatabase) -> None:
     app = dibs.App(qdb.engine, async_engine_options={"no_such_option": 1})
 
-    @app.task(name="txn.never", transactional=True, max_attempts=1)
+    @app.task(name="txn.never", transactional=True)
     async def never(context: dibs.JobContext) -> None:
         raise AssertionError("the task ran without its engine")
 
     job = never.enqueue()
-    assert qdb.drain(app).dead == 1
+    with pytest.raises(dibs.InvalidArgument, match=r"async_engine_options were refused .*no_such_option"):
+        app.worker(burst=True, handle_signals=False).run()
     (row,) = job_rows(qdb.engine, jobs.c.id == job.id)
-    assert "async_engine_options were refused" in row.last_error
-    assert "no_such_option" in row.last_error
+    assert (row.status, row.attempts) == ("queued", 0)

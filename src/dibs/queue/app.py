@@ -43,10 +43,11 @@ class App(Registering, Workflows, Administering, Pausing):
             finished jobs to those waiting for their results (who then LISTEN instead of polling).
         async_engine_options: Options for the asyncio engine a worker opens on this database when an async
             transactional task first runs, as for :func:`dibs.create_async_engine`: give it the options
-            your Engine was made with (``connect_args`` and the like), which an Engine does not record.
+            your Engine was made with (``connect_args`` and the like), which an Engine does not record. They
+            must reach the same database and schema; ``isolation_level`` is refused.
 
     Raises:
-        InvalidArgument: A bad URL, queue name or ``max_args_bytes``.
+        InvalidArgument: A bad URL, queue name, ``max_args_bytes`` or ``async_engine_options``.
 
     Example:
         >>> app = dibs.App("sqlite:///jobs.sqlite")

@@ -9,11 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Engine
 
-from dibs._checks import checked_integer, checked_name, checked_options
+from dibs._checks import checked_integer, checked_name
 from dibs.queue.enqueue import CHANNEL
 from dibs.queue.job import Job
 from dibs.queue.results import ResultWaiter
 from dibs.queue.store import JobStore
+from dibs.queue.transactional import checked_async_options
 from dibs.schema import DibsDatabase, tables_checked
 
 if TYPE_CHECKING:
@@ -45,7 +46,7 @@ class AppBase(DibsDatabase):
         self.notify = notify
         #: Options for the asyncio engine a worker opens on this database for async transactional tasks, as
         #: for :func:`dibs.create_async_engine` (an Engine given carries no record of its own options).
-        self.async_engine_options = checked_options(async_engine_options, "async_engine_options")
+        self.async_engine_options = checked_async_options(async_engine_options)
         #: Periodic job schedules by name (see :meth:`dibs.App.periodic`).
         self.schedules: dict[str, Periodic] = {}
         self._store: JobStore | None = None

@@ -15,13 +15,14 @@ same database through the family's asyncio driver.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import ArgumentError
 
+from dibs._checks import checked_options
 from dibs._errors import InvalidArgument
 from dibs.dialects import async_url, backend_for
 from dibs.engine import create_async_engine
@@ -32,6 +33,8 @@ from dibs.queue.store import JobStore
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
+
+    from dibs.queue.task import Task
 
 #: How a transactional run ended, when its function returned: its writes and the completion committed;
 #: rolled back because the lease was taken over (``lost``), because the worker had stopped the run
@@ -157,6 +160,19 @@ async def run_async(
         context.opened(None)
 
 
+def checked_async_options(value: object) -> dict[str, Any]:
+    """The App's ``async_engine_options``, if they are options by name that leave the job's transaction alone;
+    InvalidArgument otherwise."""
+    options = checked_options(value, "async_engine_options")
+    execution = options.get("execution_options")
+    if "isolation_level" in options or (isinstance(execution, Mapping) and "isolation_level" in execution):
+        raise InvalidArgument(
+            "async_engine_options cannot set isolation_level: the worker begins each transactional run's "
+            "transaction itself (in AUTOCOMMIT a failed run's writes would stay); leave it out"
+        )
+    return options
+
+
 class Transactions:
     """The database a worker's transactional tasks write in: the app's engine for sync functions, and an
     asyncio engine on the same database for async ones (made with ``async_options``), opened when first
@@ -187,13 +203,18 @@ class Transactions:
 
         return run
 
+    def check(self, tasks: Iterable[Task]) -> None:
+        """Make the asyncio engine now if options were given for it and an async transactional task may need
+        it: an option it does not know is the worker's error as it starts, not each job's."""
+        if self.async_options and self._async is None and any(task.transactional and task.is_async for task in tasks):
+            self._async = self._opened()
+
     def _opened(self) -> AsyncEngine:
         try:
             return create_async_engine(async_url(self.engine.url), **self.async_options)
         except (TypeError, ArgumentError) as exc:
             raise InvalidArgument(
-                f"the App's async_engine_options were refused ({exc}); give the options of "
-                "sqlalchemy.ext.asyncio.create_async_engine"
+                f"the App's async_engine_options were refused ({exc}); give options of dibs.create_async_engine"
             ) from exc
 
     async def close(self) -> None:

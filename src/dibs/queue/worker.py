@@ -197,7 +197,9 @@ class Worker(Service[WorkerStats]):
     async def start(self) -> None:
         """Check the schema and record the periodic schedules. A connection dropped under the worker as it
         starts (a server-side kill, a failover) is tried again; a database that cannot be reached at all is
-        an error for whoever started the worker to see."""
+        an error for whoever started the worker to see, as are options the App gave the asyncio engine of
+        async transactional tasks that the engine does not know."""
+        self.runners.transactions.check(self.app.tasks.values())
         for attempt in range(1, 4):
             try:
                 await self.threads.call(require_current, self.app.engine)
