@@ -14,6 +14,7 @@ import dibs
 from dibs.queue import fetch
 from dibs.queue.enqueue import CHANNEL
 from tests.queue.database import QueueDatabase
+from tests.queue.support import kill_other_sessions
 
 
 def notifies(app: dibs.App) -> bool:
@@ -49,6 +50,7 @@ def listening_worker(qdb: QueueDatabase, app: dibs.App, poll: float) -> dibs.Wor
     while not worker.wakeup.listening and time.monotonic() < deadline:
         time.sleep(0.02)
     assert worker.wakeup.listening, "the worker did not listen within 10 s"
+    time.sleep(1.2)  # a while: a connection that drops as soon as it listens is retried as a failure
     return worker
 
 
@@ -59,7 +61,6 @@ def test_an_idle_worker_starts_a_new_job_promptly(qdb: QueueDatabase, monkeypatc
         # Only a wake-up can start the job before the poll; how soon it does is the machine's to say.
         poll = only_woken(monkeypatch)
         listening_worker(qdb, app, poll)
-        time.sleep(0.5)  # idle, past the look it takes as it starts listening
         enqueued = time.monotonic()
         app.enqueue("ping")
         assert started.wait(poll / 3), "the notification did not wake the idle worker"
@@ -129,6 +130,24 @@ def test_a_listener_whose_connection_dropped_listens_again_at_once(
     assert started.wait(poll / 3), "the notification did not wake the worker once it listened again"
 
 
+def test_a_listener_whose_server_dropped_every_connection_listens_again_at_once(
+    qdb: QueueDatabase, notifying: dibs.App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    started = ping_task(notifying)
+    poll = only_woken(monkeypatch)
+    caplog.set_level(logging.INFO, logger="dibs.postgresql")
+    with notifying.engine.connect() as conn:  # an idle connection in the pool, which the server kills too
+        conn.execute(sa.select(1))
+    listening_worker(qdb, notifying, poll)
+    assert kill_other_sessions(qdb.url) >= 2
+    back = f"listening on {CHANNEL} again after its connection dropped: "
+    wait_for(caplog, back)
+    assert [level for level, _ in said(caplog)] == ["INFO"], said(caplog)
+    time.sleep(0.5)  # past the look it takes as it listens again
+    notifying.enqueue("ping")
+    assert started.wait(poll / 3), "the notification did not wake the worker once it listened again"
+
+
 def test_a_listener_that_cannot_reconnect_says_so_once_and_again_when_it_does(
     qdb: QueueDatabase, notifying: dibs.App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -146,11 +165,14 @@ def test_a_listener_that_cannot_reconnect_says_so_once_and_again_when_it_does(
     sa.event.listen(notifying.engine.pool, "checkout", refuse)
     listening_worker(qdb, notifying, poll)
     refusing.set()
+    killed = time.monotonic()
     kill_listener(qdb)
     deadline = time.monotonic() + 15.0
     while len(refused) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     assert len(refused) >= 3, "the listener did not keep trying"
+    # A try at once, then one a second later.
+    assert refused[0] - killed < 0.9 <= refused[1] - refused[0]
     refusing.clear()
     wait_for(caplog, f"listening on {CHANNEL} again")
     assert said(caplog) == [

@@ -25,6 +25,7 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime, timezone
@@ -258,9 +259,11 @@ class Notifications:
         self.woken = woken
         #: Whether notifications arrive now: False until LISTEN took effect, and while reconnecting.
         self.listening = False
+        self._connections = engine.pool.recreate()
         self._stop = threading.Event()
         self._failing = False  # whether the last try to listen failed (said once until it listens again)
-        # True while reconnecting at once after the connection dropped as it listened; then why it dropped.
+        # True while reconnecting at once after the connection dropped as it listened (False if it dropped
+        # at once); then why it dropped, until it listens again.
         self._dropped: bool | str | None = None
         # What close() sends to wake this listener at once; no queue has this name, so no worker wakes.
         self._farewell = f"dibs-listener-stop-{id(self)}-{threading.get_ident()}"
@@ -276,8 +279,8 @@ class Notifications:
                     break  # the connection closed under a listener that was stopping: nothing was missed
                 reason = str(error).splitlines()[0] if str(error) else type(error).__name__
                 if self._dropped is True:
-                    # It listened until now (a server restart, an idle timeout): reconnect at once, and say
-                    # so only once it listens again, or in a warning if that fails.
+                    # It listened a while until now (a server restart, an idle timeout): reconnect at once,
+                    # and say so only once it listens again, or in a warning if that fails.
                     self._dropped = reason
                     continue
                 # Said once an outage, not at every try: callers poll meanwhile, so nothing is lost but time.
@@ -289,17 +292,20 @@ class Notifications:
     def _listen(self) -> None:
         from psycopg import sql
 
-        raw = self.engine.raw_connection()
-        # Made as the engine makes its connections, then taken out of its pool: held for as long as the worker
-        # runs, it would leave a small pool one connection short (a pool of one: no claim would ever run).
+        # A new connection each time, made as the engine makes its own (its pool's settings and events) but
+        # in a pool of the listener's: held for as long as the worker runs, one of the engine's would leave a
+        # small pool a connection short (a pool of one: no claim would ever run), and after a server restart
+        # the engine's pool would hand out its dead idle connections one by one.
+        raw = self._connections.connect()
         conn: Any = raw.driver_connection
         raw.detach()
+        listened = 0.0
         try:
             conn.autocommit = True
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
             if self._stop.is_set():
                 return
-            self.listening = True
+            self.listening, listened = True, time.monotonic()
             self._said_listening_again()
             # Whatever was enqueued while (re)connecting is found by the poll this wake-up triggers.
             self.woken("")
@@ -312,7 +318,8 @@ class Notifications:
             dropped, self.listening = self.listening, False
             conn.close()
             if dropped and not self._stop.is_set():
-                self._dropped = True
+                # A connection that drops as soon as it listens is retried as a failure, a second apart.
+                self._dropped = time.monotonic() - listened >= 1.0
                 # Nothing is heard until the thread reconnects: callers go back to polling meanwhile.
                 self.woken("")
 

@@ -195,8 +195,9 @@ class Transactions:
             return lambda **kwargs: run_sync(self.engine, self.store, lease, function, context, **kwargs)
 
         async def run(**kwargs: Any) -> Ran:
-            # Opened here, not when the worker starts: an app with no async transactional task needs no
-            # asyncio driver, and one that is missing fails the job with the error that says what to install.
+            # Opened here unless the App gave options (see check): an app with no async transactional task
+            # needs no asyncio driver, and one that is missing fails the job with the error that says what
+            # to install.
             if self._async is None:
                 self._async = self._opened()
             return await run_async(self._async, self.store, lease, function, context, **kwargs)
