@@ -248,9 +248,10 @@ class PostgreSQL(BackendDefaults):
 class Notifications:
     """LISTEN on one channel, on a connection of its own, from a daemon thread.
 
-    The connection is made by the engine's pool, then detached from it (so the pool keeps its full size),
-    and closed when listening stops. If the connection drops, the thread reconnects; ``woken("")`` is called
-    when it drops and again once it listens, so that a caller looks for what it may have missed.
+    The connection is made as the engine makes its own, in a pool of the listener's (so the engine's keeps
+    its full size), and closed when listening stops. If the connection drops, the thread reconnects at once
+    (then every second while that fails); ``woken("")`` is called when it drops and again once it listens,
+    so that a caller looks for what it may have missed.
     """
 
     def __init__(self, engine: Engine, channel: str, woken: Callable[[str], None]) -> None:
