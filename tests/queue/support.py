@@ -111,6 +111,29 @@ class WorkerThread(ServiceThread[dibs.WorkerStats]):
         return self
 
 
+def sends_notifications(app: dibs.App, channel: str) -> bool:
+    """Whether the app's database and driver deliver notifications on ``channel`` (a listener starts)."""
+    listener = app.store.backend.listen(app.engine, channel, lambda payload: None)
+    if listener is None:
+        return False
+    listener.close()
+    return True
+
+
+def kill_listeners(engine: Engine, channel: str) -> int:
+    """End, from the PostgreSQL server, the sessions listening on ``channel``; returns how many."""
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                sa.text(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND query = :listen"
+                ),
+                {"listen": f'LISTEN "{channel}"'},
+            ).scalar_one()
+        )
+
+
 def kill_other_sessions(url: sa.URL) -> int:
     """Kill every other session on this database from the server side (PostgreSQL or MariaDB); returns how
     many."""

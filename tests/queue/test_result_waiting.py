@@ -16,15 +16,12 @@ import dibs
 from dibs.queue.results import FINISHED_CHANNEL, ResultWaiter
 from tests.helpers import wait_until
 from tests.queue.database import QueueDatabase
+from tests.queue.support import kill_listeners, sends_notifications
 
 
 def listens(app: dibs.App) -> bool:
     """Whether the app's database sends notifications of finished jobs."""
-    listener = app.store.backend.listen(app.engine, FINISHED_CHANNEL, lambda payload: None)
-    if listener is None:
-        return False
-    listener.close()
-    return True
+    return sends_notifications(app, FINISHED_CHANNEL)
 
 
 def waiter_selects(engine: sa.Engine) -> list[str]:
@@ -151,15 +148,7 @@ def test_a_waiter_polls_while_its_listening_connection_is_down(qdb: QueueDatabas
     thread.start()
     try:
         wait_until(lambda: waiter.listening, what="the waiter listens")
-        with qdb.engine.connect() as conn:
-            killed = conn.execute(
-                sa.text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = current_database() AND query = :listen"
-                ),
-                {"listen": f'LISTEN "{FINISHED_CHANNEL}"'},
-            ).all()
-        assert killed
+        assert kill_listeners(qdb.engine, FINISHED_CHANNEL) >= 1
         gate.set()
         thread.join(30)
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -14,16 +15,12 @@ import dibs
 from dibs.queue import fetch
 from dibs.queue.enqueue import CHANNEL
 from tests.queue.database import QueueDatabase
-from tests.queue.support import kill_other_sessions
+from tests.queue.support import kill_listeners, kill_other_sessions, sends_notifications
 
 
 def notifies(app: dibs.App) -> bool:
     """Whether this database and driver send workers notifications."""
-    listener = app.store.backend.listen(app.engine, CHANNEL, lambda payload: None)
-    if listener is None:
-        return False
-    listener.close()
-    return True
+    return sends_notifications(app, CHANNEL)
 
 
 def only_woken(monkeypatch: pytest.MonkeyPatch) -> float:
@@ -79,15 +76,7 @@ def test_an_idle_worker_starts_a_new_job_promptly(qdb: QueueDatabase, monkeypatc
 
 def kill_listener(qdb: QueueDatabase) -> None:
     """End, from the server, the session that listens for new jobs."""
-    with qdb.engine.connect() as conn:
-        killed = conn.execute(
-            sa.text(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND query = :listen"
-            ),
-            {"listen": f'LISTEN "{CHANNEL}"'},
-        ).scalar_one()
-    assert killed == 1
+    assert kill_listeners(qdb.engine, CHANNEL) == 1
 
 
 def said(caplog: pytest.LogCaptureFixture) -> list[tuple[str, str]]:
@@ -113,39 +102,38 @@ def notifying(qdb: QueueDatabase) -> dibs.App:
     return app
 
 
+def kill_every_session(qdb: QueueDatabase) -> None:
+    """End every other session of the database from the server, as a restart would (the pool's idle ones too)."""
+    assert kill_other_sessions(qdb.url) >= 2
+
+
+def woken_again(app: dibs.App, started: threading.Event, poll: float) -> None:
+    """The next job wakes the worker (past the look it takes as it listens again)."""
+    time.sleep(0.5)
+    app.enqueue("ping")
+    assert started.wait(poll / 3), "the notification did not wake the worker once it listened again"
+
+
+@pytest.mark.parametrize("drop", [kill_listener, kill_every_session], ids=["listener", "every session"])
 def test_a_listener_whose_connection_dropped_listens_again_at_once(
-    qdb: QueueDatabase, notifying: dibs.App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    qdb: QueueDatabase,
+    notifying: dibs.App,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    drop: Callable[[QueueDatabase], None],
 ) -> None:
     started = ping_task(notifying)
     poll = only_woken(monkeypatch)
     caplog.set_level(logging.INFO, logger="dibs.postgresql")
+    with notifying.engine.connect() as conn:  # an idle connection in the pool, for the server to kill too
+        conn.execute(sa.select(1))
     listening_worker(qdb, notifying, poll)
-    kill_listener(qdb)
+    drop(qdb)
     back = f"listening on {CHANNEL} again after its connection dropped: "
     wait_for(caplog, back)
     assert [level for level, _ in said(caplog)] == ["INFO"], said(caplog)
     assert said(caplog)[0][1].startswith(back)
-    time.sleep(0.5)  # past the look it takes as it listens again
-    notifying.enqueue("ping")
-    assert started.wait(poll / 3), "the notification did not wake the worker once it listened again"
-
-
-def test_a_listener_whose_server_dropped_every_connection_listens_again_at_once(
-    qdb: QueueDatabase, notifying: dibs.App, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    started = ping_task(notifying)
-    poll = only_woken(monkeypatch)
-    caplog.set_level(logging.INFO, logger="dibs.postgresql")
-    with notifying.engine.connect() as conn:  # an idle connection in the pool, which the server kills too
-        conn.execute(sa.select(1))
-    listening_worker(qdb, notifying, poll)
-    assert kill_other_sessions(qdb.url) >= 2
-    back = f"listening on {CHANNEL} again after its connection dropped: "
-    wait_for(caplog, back)
-    assert [level for level, _ in said(caplog)] == ["INFO"], said(caplog)
-    time.sleep(0.5)  # past the look it takes as it listens again
-    notifying.enqueue("ping")
-    assert started.wait(poll / 3), "the notification did not wake the worker once it listened again"
+    woken_again(notifying, started, poll)
 
 
 def test_a_listener_that_cannot_reconnect_says_so_once_and_again_when_it_does(
@@ -182,6 +170,4 @@ def test_a_listener_that_cannot_reconnect_says_so_once_and_again_when_it_does(
         ),
         ("INFO", f"listening on {CHANNEL} again"),
     ]
-    time.sleep(0.5)  # past the look it takes as it listens again
-    notifying.enqueue("ping")
-    assert started.wait(poll / 3), "the notification did not wake the worker once it listened again"
+    woken_again(notifying, started, poll)
