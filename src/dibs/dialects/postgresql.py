@@ -263,9 +263,8 @@ class Notifications:
         self._connections = engine.pool.recreate()
         self._stop = threading.Event()
         self._failing = False  # whether the last try to listen failed (said once until it listens again)
-        # True while reconnecting at once after the connection dropped as it listened (False if it dropped
-        # at once); then why it dropped, until it listens again.
-        self._dropped: bool | str | None = None
+        self._since: float | None = None  # when the connection listening now started to, if one does
+        self._dropped: str | None = None  # why the last connection dropped, until it listens again
         # What close() sends to wake this listener at once; no queue has this name, so no worker wakes.
         self._farewell = f"dibs-listener-stop-{id(self)}-{threading.get_ident()}"
         self._thread = threading.Thread(target=self._run, name=f"dibs-listen-{channel}", daemon=True)
@@ -279,9 +278,11 @@ class Notifications:
                 if self._stop.is_set():
                     break  # the connection closed under a listener that was stopping: nothing was missed
                 reason = str(error).splitlines()[0] if str(error) else type(error).__name__
-                if self._dropped is True:
+                since, self._since = self._since, None
+                if since is not None and time.monotonic() - since >= 1.0:
                     # It listened a while until now (a server restart, an idle timeout): reconnect at once,
-                    # and say so only once it listens again, or in a warning if that fails.
+                    # and say so only once it listens again, or in a warning if that fails. A connection
+                    # that drops as soon as it listens is retried as a failure, a second apart.
                     self._dropped = reason
                     continue
                 # Said once an outage, not at every try: callers poll meanwhile, so nothing is lost but time.
@@ -300,13 +301,12 @@ class Notifications:
         raw = self._connections.connect()
         conn: Any = raw.driver_connection
         raw.detach()
-        listened = 0.0
         try:
             conn.autocommit = True
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
             if self._stop.is_set():
                 return
-            self.listening, listened = True, time.monotonic()
+            self.listening, self._since = True, time.monotonic()
             self._said_listening_again()
             # Whatever was enqueued while (re)connecting is found by the poll this wake-up triggers.
             self.woken("")
@@ -319,8 +319,6 @@ class Notifications:
             dropped, self.listening = self.listening, False
             conn.close()
             if dropped and not self._stop.is_set():
-                # A connection that drops as soon as it listens is retried as a failure, a second apart.
-                self._dropped = time.monotonic() - listened >= 1.0
                 # Nothing is heard until the thread reconnects: callers go back to polling meanwhile.
                 self.woken("")
 
@@ -328,7 +326,7 @@ class Notifications:
         """Log that it listens again, after a failure (INFO) or a dropped connection (INFO, with why)."""
         if self._failing:
             log.info("listening on %s again", self.channel)
-        elif isinstance(self._dropped, str):
+        elif self._dropped is not None:
             log.info("listening on %s again after its connection dropped: %s", self.channel, self._dropped)
         self._failing, self._dropped = False, None
 
