@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import dataclasses
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -94,6 +96,25 @@ def test_enqueues_give_the_same_jobs_whether_or_not_someone_watches_the_engine(q
         assert fast.run_at.tzinfo is not None
         assert fast.enqueued_at.tzinfo is not None
         assert (fast.status, fast.priority, fast.tag) == (slow.status, slow.priority, slow.tag)
+
+
+def test_a_batchs_jobs_hold_the_arguments_stored_whatever_is_done_with_them(qdb: QueueDatabase) -> None:
+    # The jobs an enqueue returns decode their arguments when first read: every way of reading a job must
+    # see them, as stored when the job was enqueued.
+    app, reindex = shop_app(qdb)
+    args: list[dict[str, object]] = [{"shop": 1, "note": "ré ✓"}, {"shop": 2, "note": "b"}, {"shop": 3}]
+    first, second, third = app.enqueue_many(reindex, args)
+    args[0]["note"] = "changed after the enqueue"
+    assert first == stored(qdb)[0]
+    assert dataclasses.asdict(second)["args"] == {"shop": 2, "note": "b"}
+    assert dataclasses.replace(third, priority=9).args == {"shop": 3}
+    assert copy.copy(second).args == {"shop": 2, "note": "b"}
+    assert "args={'shop': 3}" in repr(third)
+    assert first.args == {"shop": 1, "note": "ré ✓"}
+    assert first.args is first.args
+    with pytest.raises(AttributeError, match="'Job' object has no attribute 'argz'"):
+        second.argz  # type: ignore[attr-defined]  # noqa: B018
+    assert app.enqueue(reindex, {"shop": 4}).args == {"shop": 4}
 
 
 def test_a_batch_after_other_jobs_waits_for_them_and_is_queued_when_they_are_done(qdb: QueueDatabase) -> None:

@@ -9,8 +9,7 @@ ids and times the database gave back, without reading the rows again.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, fields
 from typing import Any, NamedTuple
 from weakref import WeakKeyDictionary
@@ -94,7 +93,6 @@ def new_batch(
 
 
 _NONE: Any = object()
-_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def jobs_of(batch: Batch) -> list[NewJob]:
@@ -170,16 +168,13 @@ def drafted_jobs(batch: Batch) -> list[Job]:
     made while the database inserts them, where the driver allows."""
     first = batch.first
     fields = {**_FRESH, **first.values, "id": 0, "run_at": None, "enqueued_at": None}
-    del fields["on_parent_failure"], fields["headers"]
-    keys = iter(batch.keys) if batch.keys is not None else None
-    # The JSON was made by the encoder, without whitespace around it: the decoder's scanner reads it alone.
-    scan = _SCAN
+    del fields["on_parent_failure"], fields["headers"], fields["args"]
+    if batch.keys is None:
+        return [Job.made(fields, args) for args in batch.args]
     made: list[Job] = []
-    for args in batch.args:
-        fields["args"] = scan(args, 0)[0]
-        if keys is not None:
-            fields["ordering_key"] = next(keys)
-        made.append(Job.made(fields))
+    for args, key in zip(batch.args, batch.keys, strict=True):
+        fields["ordering_key"] = key
+        made.append(Job.made(fields, args))
     return made
 
 
