@@ -22,7 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from dibs._checks import ERROR_LIMIT
-from dibs.dialects import backend_for
+from dibs.dialects import backend_for, driver
 from dibs.dialects.base import inline
 from dibs.engine import connected, writing
 from dibs.lease import Claimer, Lease, Leases
@@ -231,7 +231,7 @@ class JobStore:
     def _announce_in(self, connection: Connection, ids: Sequence[int]) -> None:
         """The announcement of these finished jobs, in ``connection``'s transaction (sent when it commits)."""
         if self._announce is not None and ids:
-            connection.execute(self._announce, {"dibs_payload": finished_payload(ids)})
+            driver.execute(connection, self._announce, {"dibs_payload": finished_payload(ids)})
 
     def _announced(self, conn: Connection, finished: Sequence[Lease], lost: Sequence[Lease]) -> None:
         if self._announce is None:
