@@ -1,5 +1,5 @@
 """Lease statements run on the driver's cursor unless someone watches the engine, both ways giving the same rows;
-on psycopg one cursor serves a connection's statements."""
+on psycopg a connection keeps a cursor per thread for its small statements."""
 
 from __future__ import annotations
 

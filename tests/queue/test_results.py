@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import copy
+import pickle
 import threading
 import time
 from datetime import datetime, timezone
@@ -39,6 +41,28 @@ def test_a_returned_value_is_kept_and_read_back(qdb: QueueDatabase) -> None:
     assert job.result(timeout=5) == {"sum": 5, "parts": [2, 3]}
     assert app.get(empty.id).result_json is None
     assert empty.result(timeout=5) is None
+
+
+def test_a_job_pickles_and_copies_without_the_apps_waiter(qdb: QueueDatabase) -> None:
+    # A job an App returns can wait for its result through the App's engine, which cannot be pickled or
+    # deep-copied (a cache, a process pool): those copies leave the waiter out and say how to wait instead.
+    app = qdb.app()
+
+    @app.task(name="math.double")
+    def double(n: int) -> int:
+        return 2 * n
+
+    job = double.enqueue({"n": 21})
+    batch = app.enqueue_many(double, [{"n": 1}, {"n": 2}])
+    qdb.drain(app)
+    for kept in (job, *batch):
+        unpickled = pickle.loads(pickle.dumps(kept))
+        assert unpickled == kept
+        assert copy.deepcopy(kept) == kept
+        with pytest.raises(dibs.InvalidArgument, match=rf"app.get\({kept.id}\).result\(\)"):
+            unpickled.result(timeout=5)
+    assert app.get(pickle.loads(pickle.dumps(job)).id).result(timeout=5) == 42
+    assert copy.copy(batch[1]).result(timeout=5) == 4
 
 
 def test_a_waiter_wakes_when_the_job_finishes(qdb: QueueDatabase) -> None:

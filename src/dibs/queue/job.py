@@ -185,9 +185,23 @@ class Job:
         waiter: ResultWaiter | None = getattr(self, "_results", None)
         if waiter is None:
             raise InvalidArgument(
-                f"this Job value of job {self.id} was not given by an App; wait with app.get({self.id}).result()"
+                f"this Job value of job {self.id} has no App to wait through (it was made or unpickled outside "
+                f"one); wait with app.get({self.id}).result()"
             )
         return waiter
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The waiter holds the App's engine, which neither pickles nor deep-copies: a job unpickled (from a
+        # cache, in another process) waits through an App of its own, as _waiter says.
+        state = dict(self.__dict__)
+        state.pop("_results", None)
+        return state
+
+    def __copy__(self) -> Job:
+        # A shallow copy is still the App's job: it keeps the waiter __getstate__ leaves out.
+        job = type(self).__new__(type(self))
+        job.__dict__.update(self.__dict__)
+        return job
 
     def waited_by(self, waiter: ResultWaiter) -> Job:
         """This job, its :meth:`result` served by ``waiter`` (the App does this for the jobs it returns)."""
