@@ -58,7 +58,10 @@ def test_a_job_pickles_and_copies_without_the_apps_waiter(qdb: QueueDatabase) ->
     for kept in (job, *batch):
         unpickled = pickle.loads(pickle.dumps(kept))
         assert unpickled == kept
-        assert copy.deepcopy(kept) == kept
+        deep = copy.deepcopy(kept)
+        assert deep == kept
+        with pytest.raises(dibs.InvalidArgument, match="no App to wait through"):
+            deep.result(timeout=5)
         with pytest.raises(dibs.InvalidArgument, match=rf"app.get\({kept.id}\).result\(\)"):
             unpickled.result(timeout=5)
     assert app.get(pickle.loads(pickle.dumps(job)).id).result(timeout=5) == 42

@@ -9,7 +9,8 @@ ids and times the database gave back, without reading the rows again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import MISSING, fields
 from typing import Any, NamedTuple
 from weakref import WeakKeyDictionary
@@ -93,6 +94,7 @@ def new_batch(
 
 
 _NONE: Any = object()
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def jobs_of(batch: Batch) -> list[NewJob]:
@@ -168,13 +170,19 @@ def drafted_jobs(batch: Batch) -> list[Job]:
     made while the database inserts them, where the driver allows."""
     first = batch.first
     fields = {**_FRESH, **first.values, "id": 0, "run_at": None, "enqueued_at": None}
-    del fields["on_parent_failure"], fields["headers"], fields["args"]
-    if batch.keys is None:
-        return [Job.made(fields, args) for args in batch.args]
+    del fields["on_parent_failure"], fields["headers"]
+    # The encoder made each JSON without whitespace around it: joined into one array, the decoder's scanner
+    # reads them all in one call, in half the time of a call per job.
+    decoded = _SCAN("[" + ",".join(batch.args) + "]", 0)[0]
     made: list[Job] = []
-    for args, key in zip(batch.args, batch.keys, strict=True):
-        fields["ordering_key"] = key
-        made.append(Job.made(fields, args))
+    if batch.keys is None:
+        for args in decoded:
+            fields["args"] = args
+            made.append(Job.made(fields))
+        return made
+    for args, key in zip(decoded, batch.keys, strict=True):
+        fields["args"], fields["ordering_key"] = args, key
+        made.append(Job.made(fields))
     return made
 
 

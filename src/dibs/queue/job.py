@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sqlalchemy.engine import Row
 
@@ -15,9 +15,6 @@ from dibs._checks import checked_number, checked_text
 from dibs._errors import InvalidArgument
 from dibs.queue.results import Finished, ResultWaiter
 from dibs.schema import FINISHED, PROGRESS_MESSAGE_LIMIT, aware
-
-#: Where a job made by an enqueue keeps its arguments' JSON until they are first read.
-_ARGS_JSON = "_args_json"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,26 +107,13 @@ class Job:
         )
 
     @classmethod
-    def made(cls, fields: dict[str, Any], args_json: str) -> Job:
-        """The job of these fields (every field by name but ``args``), as an enqueue just stored it, its
-        arguments decoded from ``args_json`` when first read."""
+    def made(cls, fields: dict[str, Any]) -> Job:
+        """The job of these fields (every field, by name), as an enqueue just stored it."""
         # Filling the instance's dict at once costs a tenth of the frozen __init__, which sets each field on
-        # its own, and decoding the arguments costs more than the rest: the costs that count when a batch
-        # returns thousands of jobs, whose arguments the caller most often never reads.
+        # its own: the cost that counts when a batch returns thousands of jobs.
         job = cls.__new__(cls)
         job.__dict__.update(fields)
-        job.__dict__[_ARGS_JSON] = args_json
         return job
-
-    if not TYPE_CHECKING:  # hidden from type checkers, which would let any misspelt attribute through
-
-        def __getattr__(self, name: str) -> Any:
-            # Called only for an attribute the job lacks: the arguments of a job made by an enqueue, unread.
-            encoded = self.__dict__.get(_ARGS_JSON) if name == "args" else None
-            if encoded is None:
-                raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-            # setdefault: threads reading it at once all get the dict the first of them stored.
-            return self.__dict__.setdefault("args", json.loads(encoded))
 
     def result(self, timeout: float | None = None) -> Any:
         """What the job's task returned, waiting until the job finished.
