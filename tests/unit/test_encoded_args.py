@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 from datetime import date
 from decimal import Decimal
 from typing import Any
@@ -45,6 +46,34 @@ def test_values_json_has_no_words_for_are_refused_as_json_dumps_refuses_them(arg
     with pytest.raises(dibs.InvalidArgument, match=r"are not JSON .*turn other values") as refused:
         encoded_args(_task(), args, 10**6)
     assert str(plain.value) in str(refused.value)
+
+
+def test_arguments_that_contain_themselves_are_refused() -> None:
+    looped: dict[str, Any] = {"name": "a"}
+    looped["self"] = looped
+    listed: list[Any] = [1]
+    listed.append(listed)
+    for args in (looped, {"items": listed}):
+        with pytest.raises(dibs.InvalidArgument, match="contains itself, or they nest too deep"):
+            encoded_args(_task(), args, 10**6)
+
+
+def test_threads_encoding_the_same_arguments_at_once_all_get_their_json() -> None:
+    shared = {"ids": list(range(2000)), "nested": [{"k": "v" * 50}] * 200}
+    expected = json.dumps(shared, separators=(",", ":"))
+    start = threading.Barrier(8)
+    results: list[str] = []
+
+    def encode() -> None:
+        start.wait()
+        results.extend(encoded_args(_task(), shared, 10**6) for _ in range(50))
+
+    threads = [threading.Thread(target=encode) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert results == [expected] * 400
 
 
 def test_the_size_limit_counts_bytes_of_the_json() -> None:

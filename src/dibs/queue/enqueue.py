@@ -9,10 +9,11 @@ has the key, else the live job is returned.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import repeat
+from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 import sqlalchemy as sa
@@ -43,8 +44,25 @@ CHANNEL = "dibs_jobs"
 _DELAY = "dibs_delay"
 _RUN_AT = "dibs_run_at"
 KEY_LIMIT = 200
-#: The JSON of job arguments: compact, and refusing NaN and infinities, which JSON has no words for.
+#: The JSON of job arguments: compact, ASCII only, and refusing NaN and infinities, which JSON has no words for.
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
+
+
+def _unencodable(value: Any) -> Any:
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _encoding() -> Callable[[Any], str]:
+    """_ENCODER's encode, from the C encoder made once: JSONEncoder.encode makes one per call, which cost as
+    much as encoding a job's few arguments. Without its check for cycles, whose table of objects seen would
+    be shared by threads encoding the same arguments at once: a cycle ends in RecursionError instead."""
+    if c_make_encoder is None:  # an interpreter without the C accelerator
+        return _ENCODER.encode
+    encode = c_make_encoder(None, _unencodable, encode_basestring_ascii, None, ":", ",", False, False, False)
+    return lambda value: "".join(encode(value, 0))
+
+
+_encode = _encoding()
 #: How many times a dedupe insert is tried when the live job it collided with finished before it was read.
 _DEDUPE_TRIES = 5
 
@@ -159,11 +177,16 @@ def checked_arguments(task: Task, arguments: Any) -> Mapping[str, Any]:
 def encoded_args(task: Task, arguments: Mapping[str, Any], max_args_bytes: int) -> str:
     """A job's arguments as JSON text, within the size limit."""
     try:
-        encoded = _ENCODER.encode(arguments)
+        encoded = _encode(arguments)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(
             f"the arguments of a {task.name!r} job are not JSON ({exc}); pass only str, int, float, bool, "
             "None, lists and dicts, and turn other values (dates, ids, objects) into one of those first"
+        ) from exc
+    except RecursionError as exc:
+        raise InvalidArgument(
+            f"the arguments of a {task.name!r} job are not JSON: a list or dict in them contains itself, or "
+            "they nest too deep; pass plain data without cycles"
         ) from exc
     # The encoder escapes every non-ASCII character, so the text has as many bytes as characters.
     size = len(encoded)
