@@ -48,14 +48,23 @@ def test_values_json_has_no_words_for_are_refused_as_json_dumps_refuses_them(arg
     assert str(plain.value) in str(refused.value)
 
 
-def test_arguments_that_contain_themselves_are_refused() -> None:
-    looped: dict[str, Any] = {"name": "a"}
+def test_arguments_that_contain_themselves_are_refused_at_once() -> None:
+    # Found as a cycle when it is first met: followed to the recursion limit, a large value beside it would
+    # be encoded a thousand times over before the size limit is checked.
+    looped: dict[str, Any] = {"blob": "x" * 100_000}
     looped["self"] = looped
     listed: list[Any] = [1]
     listed.append(listed)
     for args in (looped, {"items": listed}):
-        with pytest.raises(dibs.InvalidArgument, match="contains itself, or they nest too deep"):
+        with pytest.raises(dibs.InvalidArgument, match=r"are not JSON \(Circular reference detected\)"):
             encoded_args(_task(), args, 10**6)
+    # A failure leaves nothing behind that would make the next arguments look like a cycle.
+    shared = {"n": 1}
+    unencodable: dict[str, Any] = {"a": shared, "b": [shared, {1, 2}]}
+    with pytest.raises(dibs.InvalidArgument, match="not JSON serializable"):
+        encoded_args(_task(), unencodable, 10**6)
+    unencodable["b"].pop()
+    assert encoded_args(_task(), unencodable, 10**6) == '{"a":{"n":1},"b":[{"n":1}]}'
 
 
 def test_threads_encoding_the_same_arguments_at_once_all_get_their_json() -> None:

@@ -9,7 +9,8 @@ has the key, else the live job is returned.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping, Sequence
+import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import repeat
@@ -49,20 +50,32 @@ _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 
 def _unencodable(value: Any) -> Any:
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+    raise TypeError(f"Object of type {value.__class__.__name__} is not JSON serializable")
 
 
-def _encoding() -> Callable[[Any], str]:
-    """_ENCODER's encode, from the C encoder made once: JSONEncoder.encode makes one per call, which cost as
-    much as encoding a job's few arguments. Without its check for cycles, whose table of objects seen would
-    be shared by threads encoding the same arguments at once: a cycle ends in RecursionError instead."""
+#: Each thread's C encoder, with the table of what it is inside of (how it finds cycles): a shared table
+#: would show a thread the arguments another thread is encoding, as a cycle.
+_encoders = threading.local()
+
+
+def _encode(arguments: Mapping[str, Any]) -> str:
+    """_ENCODER.encode, on a C encoder made once per thread: JSONEncoder.encode makes one per call, which
+    cost as much as encoding a job's few arguments."""
     if c_make_encoder is None:  # an interpreter without the C accelerator
-        return _ENCODER.encode
-    encode = c_make_encoder(None, _unencodable, encode_basestring_ascii, None, ":", ",", False, False, False)
-    return lambda value: "".join(encode(value, 0))
+        return _ENCODER.encode(arguments)
+    made = getattr(_encoders, "made", None)
+    if made is None:
+        inside: dict[int, Any] = {}
+        encode = c_make_encoder(inside, _unencodable, encode_basestring_ascii, None, ":", ",", False, False, False)
+        made = _encoders.made = (inside, encode)
+    inside, encode = made
+    try:
+        return "".join(encode(arguments, 0))
+    except BaseException:
+        inside.clear()  # the encoder leaves in it what it was inside of when it failed
+        raise
 
 
-_encode = _encoding()
 #: How many times a dedupe insert is tried when the live job it collided with finished before it was read.
 _DEDUPE_TRIES = 5
 
@@ -182,11 +195,6 @@ def encoded_args(task: Task, arguments: Mapping[str, Any], max_args_bytes: int) 
         raise InvalidArgument(
             f"the arguments of a {task.name!r} job are not JSON ({exc}); pass only str, int, float, bool, "
             "None, lists and dicts, and turn other values (dates, ids, objects) into one of those first"
-        ) from exc
-    except RecursionError as exc:
-        raise InvalidArgument(
-            f"the arguments of a {task.name!r} job are not JSON: a list or dict in them contains itself, or "
-            "they nest too deep; pass plain data without cycles"
         ) from exc
     # The encoder escapes every non-ASCII character, so the text has as many bytes as characters.
     size = len(encoded)
