@@ -113,7 +113,9 @@ def test_a_batchs_jobs_hold_the_arguments_stored_whatever_is_done_with_them(qdb:
     assert stored(qdb) == [*keyed, first, second, third]
     assert [job.args for job in keyed] == [{"shop": 1, "note": "ré ✓"}, {"shop": 3}]
     assert second.args == {"shop": 2, "tags": ["a", "b"]}  # as JSON keeps it
-    assert first.args is not keyed[0].args
+    twins = app.enqueue_many(ping, [args[2], args[2]])
+    assert twins[0].args == twins[1].args
+    assert twins[0].args is not twins[1].args
     assert vars(third)["args"] == {"shop": 3}
     assert dataclasses.asdict(second)["args"] == {"shop": 2, "tags": ["a", "b"]}
 
