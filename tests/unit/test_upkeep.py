@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from dibs.runtime import Chore, Upkeep
+from dibs.runtime import Chore, Upkeep, until_done
 
 
 async def nothing() -> None:
@@ -73,3 +73,21 @@ def test_running_repeats_each_chore_on_its_own_interval() -> None:
     asyncio.run(scenario())
     assert counts["slow"] == 1
     assert 3 <= counts["fast"] <= 7
+
+
+def test_a_chore_until_done_stops_asking_once_its_step_says_it_is_done() -> None:
+    answers = [False, False, True, False]
+    asked: list[bool] = []
+
+    async def step() -> bool:
+        asked.append(answers[len(asked)])
+        return asked[-1]
+
+    chore = until_done("statistics", 1.0, step)
+
+    async def turns() -> None:
+        for _ in range(4):
+            await chore.work()
+
+    asyncio.run(turns())
+    assert asked == [False, False, True]

@@ -150,6 +150,12 @@ class Backend(Protocol):
         are the ones its caller gave (before :meth:`engine_options` added this backend's)."""
         ...
 
+    def gather_first_statistics(self, conn: Connection, table: sa.Table) -> bool:
+        """Gather the statistics of a table of dibs's that the database has never gathered, once it has grown
+        enough for them to change how its statements are planned; True once nothing is left to do (at once
+        where a connection does not keep a statement's plan as PostgreSQL does)."""
+        ...
+
     def released(self, conn: Connection) -> None:
         """``conn``, checked out by dibs, goes back to its pool now, its transaction over: a pool that would
         roll it back on return may leave that out (one round trip less per transaction)."""
@@ -263,6 +269,9 @@ class BackendDefaults:
 
     def released(self, conn: Connection) -> None:
         return None
+
+    def gather_first_statistics(self, conn: Connection, table: sa.Table) -> bool:
+        return True
 
     def writing(self, conn: Connection) -> AbstractContextManager[Any]:
         return conn.begin()

@@ -37,7 +37,7 @@ from sqlalchemy.engine import Connection, Dialect, Engine, Row
 from sqlalchemy.sql import ColumnElement
 from sqlalchemy.sql.elements import Grouping
 
-from dibs.dialects import driver, psycopg_connection
+from dibs.dialects import driver, psycopg_connection, statistics
 from dibs.dialects.backend import BackendDefaults, Listener
 from dibs.dialects.batch import BatchInsert
 from dibs.dialects.keys import fenced_in_list, fenced_in_list_values
@@ -220,6 +220,9 @@ class PostgreSQL(BackendDefaults):
         # As the fenced tokens: made jsonb once per statement (an InitPlan), each row's value found by key.
         values = sa.select(sa.cast(sa.bindparam(name, type_=sa.String), postgresql.JSONB)).scalar_subquery()
         return sa.cast(values.op("->>")(sa.cast(key, sa.Text)), sa.Text)
+
+    def gather_first_statistics(self, conn: Connection, table: sa.Table) -> bool:
+        return statistics.gather_first_statistics(conn, table)
 
     def notify(self, channel: str) -> sa.Executable | None:
         statement = self._notify_statements.get(channel)

@@ -205,6 +205,12 @@ class OutboxStore:
         """Events held by a relay that stopped renewing its lease (it died) are pending again."""
         return len(leases.recover(conn, status=PENDING, batch=UPKEEP_BATCH))
 
+    def gather_first_statistics(self, conn: Engine | Connection) -> bool:
+        """Analyze the outbox table if the database never has and it has grown; True once nothing is left to do
+        (see :mod:`dibs.dialects.statistics`)."""
+        with connected(conn) as connection:
+            return self.backend.gather_first_statistics(connection, outbox)
+
     def purge(self, conn: Engine | Connection, older_than: timedelta, limit: int = 10_000) -> int:
         """Delete up to ``limit`` events published more than ``older_than`` ago; returns how many."""
         rows = claim(conn, outbox, where=self._purged(older_than), delete=True, limit=limit)

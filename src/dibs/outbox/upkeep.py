@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from dibs.outbox.settings import RelaySettings
 from dibs.outbox.stage import RelayOutbox
-from dibs.runtime import Chore, DatabaseThreads
+from dibs.runtime import Chore, DatabaseThreads, until_done
 
 log = logging.getLogger("dibs.relay")
 
@@ -37,6 +37,8 @@ def outbox_chores(
     chores = [
         Chore("retry due events", settings.upkeep_every, retry_due),
         Chore("recover", settings.upkeep_every, recover),
+        # Once they are there, the database keeps them.
+        until_done("statistics", settings.upkeep_every, lambda: threads.call(store.gather_first_statistics, engine)),
     ]
     retention = settings.retention
     if retention is not None:

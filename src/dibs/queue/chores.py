@@ -1,6 +1,7 @@
 """A worker's upkeep, apart from the claim: scheduled jobs whose time came become queued, periodic jobs are
 enqueued, expired leases of crashed workers are recovered, jobs waiting for finished ones are settled,
-old finished jobs are purged if asked, and the queue depths are observed for the metrics."""
+old finished jobs are purged if asked, a new jobs table's first statistics are gathered if the database has
+not yet, and the queue depths are observed for the metrics."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from datetime import timedelta
 
 from dibs.metrics import Metrics
 from dibs.queue.stage import WorkerApp
-from dibs.runtime import Chore, DatabaseThreads, Wakeup
+from dibs.runtime import Chore, DatabaseThreads, Wakeup, until_done
 
 log = logging.getLogger("dibs.worker")
 
@@ -68,6 +69,8 @@ def worker_chores(
         Chore("periodic", every, periodic),
         Chore("recover", every, recover),
         Chore("settle", every, settle),
+        # Once they are there, the database keeps them.
+        until_done("statistics", every, lambda: call(store.gather_first_statistics, engine)),
     ]
     if retention is not None:
         chores.append(Chore("purge", PURGE_EVERY, purge))

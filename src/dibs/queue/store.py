@@ -310,6 +310,12 @@ class JobStore:
         """Scheduled jobs whose run time has come on the database clock become queued; returns how many."""
         return promote_due(conn, self.backend, limit)
 
+    def gather_first_statistics(self, conn: Engine | Connection) -> bool:
+        """Analyze the jobs table if the database never has and it has grown; True once nothing is left to do
+        (see :mod:`dibs.dialects.statistics`)."""
+        with connected(conn) as connection:
+            return self.backend.gather_first_statistics(connection, jobs)
+
     def settle_children(self, conn: Engine | Connection, parents: Sequence[int]) -> None:
         """Queue or cancel the waiting children of these finished jobs, in one transaction of its own, and
         announce the cancelled."""

@@ -9,7 +9,7 @@ from dibs.runtime.database import DatabaseThreads
 from dibs.runtime.lease_keeper import LeaseKeeper
 from dibs.runtime.service import Service
 from dibs.runtime.signals import handle_stop_signals
-from dibs.runtime.upkeep import Chore, Upkeep
+from dibs.runtime.upkeep import Chore, Upkeep, until_done
 from dibs.runtime.wakeup import Wakeup
 
 __all__ = [
@@ -23,4 +23,5 @@ __all__ = [
     "Wakeup",
     "handle_stop_signals",
     "tuned_gc",
+    "until_done",
 ]

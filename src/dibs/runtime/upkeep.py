@@ -41,6 +41,24 @@ class Chore:
         return 0.0 if self.last is None else max(0.0, self.last + self.every - now)
 
 
+def until_done(name: str, every: float, step: Callable[[], Awaitable[bool]]) -> Chore:
+    """A chore that awaits ``step`` at its turns until it returns True (nothing is left to do), then no more.
+
+    Example:
+        >>> async def look() -> bool: return True
+        >>> until_done("look", 1.0, look).name
+        'look'
+    """
+    done = False
+
+    async def work() -> None:
+        nonlocal done
+        if not done:
+            done = await step()
+
+    return Chore(name, every, work)
+
+
 class Upkeep:
     """Runs chores, each when it is due, until cancelled.
 
