@@ -4,9 +4,14 @@ Elsewhere a connection keeps no plan, and there is nothing to gather."""
 
 from __future__ import annotations
 
+import logging
+import uuid
+
+import pytest
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
+import dibs
 from dibs.dialects.statistics import FIRST_STATISTICS_ROWS
 from tests.helpers import wait_until
 from tests.queue.database import QueueDatabase
@@ -24,25 +29,37 @@ def statistics_state(engine: Engine) -> tuple[bool, bool, int]:
     return bool(analyzed), bool(autoanalyzed), int(rows)
 
 
-def test_a_worker_analyzes_a_new_jobs_table_once_it_has_grown(qdb: QueueDatabase) -> None:
+def noop_app(qdb: QueueDatabase) -> dibs.App:
     app = qdb.app()
 
     @app.task(name="noop")
     def noop(n: int) -> None:
         return None
 
+    return app
+
+
+def grow(qdb: QueueDatabase, app: dibs.App, rows: int) -> None:
+    """Add ``rows`` jobs and wait until the server counts them; autovacuum is kept off the table, so that
+    only dibs may analyze it here."""
+    with qdb.engine.begin() as conn:
+        conn.exec_driver_sql("ALTER TABLE dibs_jobs SET (autovacuum_enabled = false)")
+    before = statistics_state(qdb.engine)[2]
+    app.enqueue_many("noop", [{"n": n} for n in range(rows)])
+    wait_until(lambda: statistics_state(qdb.engine)[2] >= before + rows, timeout=30, what="the server counted them")
+
+
+def test_a_worker_analyzes_a_new_jobs_table_once_it_has_grown(qdb: QueueDatabase) -> None:
+    app = noop_app(qdb)
     if qdb.family != "postgresql":
         assert app.store.gather_first_statistics(app.engine) is True
         return
-    with qdb.engine.begin() as conn:  # only dibs may analyze it here
-        conn.exec_driver_sql("ALTER TABLE dibs_jobs SET (autovacuum_enabled = false)")
-    app.enqueue_many("noop", [{"n": n} for n in range(100)])
-    wait_until(lambda: statistics_state(qdb.engine)[2] == 100, timeout=30, what="the server counted 100 rows")
+    grow(qdb, app, 100)
     # A table this small is best read whole: its statements' plans are left as they are.
     assert app.store.gather_first_statistics(app.engine) is False
     assert statistics_state(qdb.engine)[0] is False
 
-    app.enqueue_many("noop", [{"n": n} for n in range(FIRST_STATISTICS_ROWS)])
+    grow(qdb, app, FIRST_STATISTICS_ROWS)
     qdb.start(app)
     wait_until(lambda: statistics_state(qdb.engine)[0], timeout=30, what="the worker analyzed the jobs table")
     analyzed, autoanalyzed, _ = statistics_state(qdb.engine)
@@ -50,3 +67,39 @@ def test_a_worker_analyzes_a_new_jobs_table_once_it_has_grown(qdb: QueueDatabase
     assert not autoanalyzed
     # Once there, the statistics are autovacuum's to keep: nothing is left to do.
     assert app.store.gather_first_statistics(app.engine) is True
+
+
+def test_of_workers_finding_the_table_unanalyzed_at_once_only_one_analyzes_it(qdb: QueueDatabase) -> None:
+    if qdb.family != "postgresql":
+        pytest.skip("only PostgreSQL keeps a statement's plan on a connection")
+    app = noop_app(qdb)
+    grow(qdb, app, FIRST_STATISTICS_ROWS)
+    with qdb.engine.begin() as other:  # another worker, analyzing it now
+        other.execute(sa.text("SELECT pg_advisory_xact_lock(hashtext('dibs first statistics dibs_jobs'))"))
+        assert app.store.gather_first_statistics(app.engine) is False
+    assert statistics_state(qdb.engine)[0] is False
+    assert app.store.gather_first_statistics(app.engine) is True
+    assert statistics_state(qdb.engine)[0] is True
+
+
+def test_a_role_that_does_not_own_the_table_leaves_it_to_autovacuum(
+    qdb: QueueDatabase, caplog: pytest.LogCaptureFixture
+) -> None:
+    if qdb.family != "postgresql":
+        pytest.skip("only PostgreSQL keeps a statement's plan on a connection")
+    app = noop_app(qdb)
+    grow(qdb, app, FIRST_STATISTICS_ROWS)
+    role = f"dibs_reader_{uuid.uuid4().hex[:8]}"
+    with qdb.engine.begin() as conn:
+        conn.exec_driver_sql(f"CREATE ROLE {role} LOGIN")
+    engine = dibs.create_engine(qdb.url.set(username=role))
+    try:
+        reader = dibs.App(engine)
+        with caplog.at_level(logging.INFO, logger="dibs.statistics"):
+            assert reader.store.gather_first_statistics(reader.engine) is True
+        assert "left dibs_jobs to autovacuum to analyze: this role does not own it" in caplog.messages
+        assert statistics_state(qdb.engine)[0] is False
+    finally:
+        engine.dispose()
+        with qdb.engine.begin() as conn:
+            conn.exec_driver_sql(f"DROP ROLE {role}")

@@ -91,3 +91,21 @@ def test_a_chore_until_done_stops_asking_once_its_step_says_it_is_done() -> None
 
     asyncio.run(turns())
     assert asked == [False, False, True]
+
+
+def test_a_chore_until_done_whose_step_failed_asks_again_at_its_next_turn() -> None:
+    asked: list[int] = []
+
+    async def step() -> bool:
+        asked.append(len(asked))
+        if len(asked) == 1:
+            raise ConnectionError("the database went away")
+        return True
+
+    failures: list[str] = []
+    upkeep = Upkeep([until_done("statistics", 0.0, step)], failed=lambda chore, error: failures.append(str(error)))
+    asyncio.run(upkeep.run_due())
+    asyncio.run(upkeep.run_due())
+    asyncio.run(upkeep.run_due())
+    assert failures == ["the database went away"]
+    assert asked == [0, 1]

@@ -1,7 +1,8 @@
 """The outbox's upkeep, run by each relay beside its lanes, apart from the claim.
 
 Failed events whose next attempt came are pending again, the events of relays that stopped renewing their
-leases (they died) are recovered, and, with a retention, old published events are purged once a minute.
+leases (they died) are recovered, a new outbox table is analyzed on PostgreSQL if autovacuum has not yet,
+and, with a retention, old published events are purged once a minute.
 """
 
 from __future__ import annotations
