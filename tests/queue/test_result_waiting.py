@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 
@@ -266,3 +267,41 @@ def test_a_stale_lease_keeps_no_result_and_the_current_one_keeps_its_own(qdb: Qu
     assert store.succeed(engine, [stale, current], [(stale, '"stale"'), (current, '"current"')]) == [stale]
     done = app.get(job.id)
     assert (done.status, done.result_json, done.result()) == ("succeeded", '"current"', "current")
+
+
+def test_a_completion_announces_its_jobs_in_its_own_statement_and_only_if_it_wrote(qdb: QueueDatabase) -> None:
+    app = qdb.app()
+    if not listens(app):
+        pytest.skip("the database sends no notifications: waiters poll (see the other tests)")
+
+    @app.task(name="work.answer")
+    def answer() -> int:
+        return 1
+
+    first, second = app.enqueue(answer), app.enqueue(answer)
+    store, engine = app.store, app.engine
+    claim = {"queues": ["default"], "tasks": ["work.answer"], "tags": []}
+    (stale,) = store.claim(engine, owner="worker-a", lease_seconds=0.3, limit=1, **claim)
+    time.sleep(0.5)
+    assert store.recover_expired(engine) == (1, 0)
+    current = store.claim(engine, owner="worker-b", lease_seconds=30, limit=2, **claim)
+    assert sorted(lease.key[0] for lease in current) == [first.id, second.id]
+
+    statements: list[str] = []
+
+    @sa.event.listens_for(engine, "before_cursor_execute")
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    url = qdb.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as listener:
+        listener.execute(f"LISTEN {FINISHED_CHANNEL}")
+        # A write that changed nothing (its lease was taken over) announces nothing.
+        assert store.succeed(engine, [stale]) == [stale]
+        assert list(listener.notifies(timeout=0.5)) == []
+        assert store.succeed(engine, current) == []
+        heard = [notification.payload for notification in listener.notifies(timeout=5.0, stop_after=1)]
+    assert heard == [",".join(str(lease.key[0]) for lease in current)]
+    # Each completion is one statement, its announcement inside it: no statement of its own, nor its commit.
+    assert len(statements) == 2
+    assert all(statement.startswith("UPDATE dibs_jobs SET") and "pg_notify" in statement for statement in statements)

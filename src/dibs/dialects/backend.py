@@ -187,6 +187,12 @@ class Backend(Protocol):
         ``dibs_payload`` parameter is the message), or None where the database cannot."""
         ...
 
+    def announcing(self, channel: str) -> ColumnElement[Any] | None:
+        """A NULL that, as the value a write sets, wakes the listeners of ``channel`` once (its ``dibs_payload``
+        parameter the message) if the write changes a row, when its transaction commits: a write that
+        announces itself, without a statement of its own. None where the database cannot."""
+        ...
+
     def listen(self, engine: Engine, channel: str, woken: Callable[[str], None]) -> Listener | None:
         """Start calling ``woken(payload)`` from a thread for every notification on ``channel``; None
         where the database or driver has no notifications (callers then poll)."""
@@ -299,6 +305,9 @@ class BackendDefaults:
         return None
 
     def notify(self, channel: str) -> sa.Executable | None:
+        return None
+
+    def announcing(self, channel: str) -> ColumnElement[Any] | None:
         return None
 
     def listen(self, engine: Engine, channel: str, woken: Callable[[str], None]) -> Listener | None:

@@ -231,6 +231,13 @@ class PostgreSQL(BackendDefaults):
             statement = self._notify_statements[channel] = sa.select(sa.func.pg_notify(channel, payload))
         return statement
 
+    def announcing(self, channel: str) -> ColumnElement[Any] | None:
+        # A sub-select of nothing from the row is an InitPlan: run once, when the first changed row needs its
+        # value, and not at all when no row changes.
+        payload = sa.bindparam("dibs_payload", type_=sa.String)
+        notified = sa.select(sa.cast(sa.null(), sa.String)).select_from(sa.func.pg_notify(channel, payload))
+        return notified.scalar_subquery()
+
     def batch_insert(
         self,
         dialect: Dialect,
