@@ -305,3 +305,23 @@ def test_a_completion_announces_its_jobs_in_its_own_statement_and_only_if_it_wro
     # Each completion is one statement, its announcement inside it: no statement of its own, nor its commit.
     assert len(statements) == 2
     assert all(statement.startswith("UPDATE dibs_jobs SET") and "pg_notify" in statement for statement in statements)
+
+
+def test_an_app_that_does_not_notify_completes_without_announcing(qdb: QueueDatabase) -> None:
+    app = qdb.app(notify=False)
+
+    @app.task(name="work.answer")
+    def answer() -> int:
+        return 1
+
+    app.enqueue(answer)
+    completions: list[str] = []
+
+    @sa.event.listens_for(app.engine, "before_cursor_execute")
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "pg_notify" in statement or statement.startswith("UPDATE dibs_jobs SET status='succeeded'"):
+            completions.append(statement)
+
+    assert qdb.drain(app).succeeded == 1
+    assert len(completions) == 1
+    assert "pg_notify" not in completions[0]

@@ -189,8 +189,9 @@ class Backend(Protocol):
 
     def announcing(self, channel: str) -> ColumnElement[Any] | None:
         """A NULL that, as the value a write sets, wakes the listeners of ``channel`` once (its ``dibs_payload``
-        parameter the message) if the write changes a row, when its transaction commits: a write that
-        announces itself, without a statement of its own. None where the database cannot."""
+        parameter the message) if a row passed the write's conditions, when its transaction commits: a write
+        that announces itself, without a statement of its own. (Rarely, a row a concurrent update then takes
+        away: a waiter woken for it looks, and waits on.) None where the database cannot."""
         ...
 
     def listen(self, engine: Engine, channel: str, woken: Callable[[str], None]) -> Listener | None:

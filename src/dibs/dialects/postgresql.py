@@ -232,8 +232,8 @@ class PostgreSQL(BackendDefaults):
         return statement
 
     def announcing(self, channel: str) -> ColumnElement[Any] | None:
-        # A sub-select of nothing from the row is an InitPlan: run once, when the first changed row needs its
-        # value, and not at all when no row changes.
+        # A sub-select of nothing from the row is an InitPlan: run once, when the first row that passed the
+        # conditions needs its value, and not at all when none does.
         payload = sa.bindparam("dibs_payload", type_=sa.String)
         notified = sa.select(sa.cast(sa.null(), sa.String)).select_from(sa.func.pg_notify(channel, payload))
         return notified.scalar_subquery()
