@@ -9,8 +9,7 @@ ids and times the database gave back, without reading the rows again.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, fields
 from typing import Any, NamedTuple
 from weakref import WeakKeyDictionary
@@ -25,7 +24,16 @@ from dibs.dialects import Backend, backend_for
 from dibs.dialects.base import resolve_times
 from dibs.dialects.batch import BatchInsert
 from dibs.queue.dependencies import link
-from dibs.queue.enqueue import KEY_LIMIT, NewJob, checked_arguments, encoded_args, insert_untraced, new_job, refresh
+from dibs.queue.enqueue import (
+    KEY_LIMIT,
+    SCAN_JSON,
+    NewJob,
+    checked_arguments,
+    encoded_args,
+    insert_untraced,
+    new_job,
+    refresh,
+)
 from dibs.queue.job import Job
 from dibs.queue.task import Task
 from dibs.schema import QUEUED, aware, jobs
@@ -94,7 +102,6 @@ def new_batch(
 
 
 _NONE: Any = object()
-_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def jobs_of(batch: Batch) -> list[NewJob]:
@@ -173,7 +180,7 @@ def drafted_jobs(batch: Batch) -> list[Job]:
     del fields["on_parent_failure"], fields["headers"]
     # The encoder made each JSON without whitespace around it: joined into one array, the decoder's scanner
     # reads them all in one call, in half the time of a call per job.
-    decoded = _SCAN("[" + ",".join(batch.args) + "]", 0)[0]
+    decoded = SCAN_JSON("[" + ",".join(batch.args) + "]", 0)[0]
     keys = batch.keys or [first.values["ordering_key"]] * len(decoded)
     made: list[Job] = []
     for args, key in zip(decoded, keys, strict=True):

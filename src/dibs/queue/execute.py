@@ -19,6 +19,7 @@ from typing import Any
 
 from dibs.lease import Lease
 from dibs.metrics import Metrics
+from dibs.queue.enqueue import SCAN_JSON
 from dibs.queue.fetch import ClaimedJobs
 from dibs.queue.job import JobContext
 from dibs.queue.progress import ProgressWrites
@@ -44,15 +45,10 @@ class _Running:
     runner: asyncio.Task[Any] | None
 
 
-#: The standard decoder's scanner, in C: one call reads a job's arguments, where ``json.loads`` adds three
-#: Python calls around it that cost twice the reading of a few arguments.
-_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
 def decoded(raw: str) -> dict[str, Any] | str:
     """A job's stored arguments, or what is wrong with them."""
     try:
-        args, end = _SCAN(raw, 0)
+        args, end = SCAN_JSON(raw, 0)
     except (StopIteration, ValueError, TypeError):
         end = -1
     if end != len(raw):  # whitespace around it, more after it, or not JSON: json.loads decides, and says why
