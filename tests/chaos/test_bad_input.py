@@ -14,6 +14,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -487,3 +488,38 @@ def test_a_worker_whose_jobs_table_is_dropped_says_so_without_spinning_and_resum
     later = [mark.enqueue({"n": n}).id for n in (2, 3, 4)]
     wait_until(lambda: sorted(done) == [1, 2, 3, 4], timeout=15, what="the jobs enqueued after dibs init")
     wait_until(lambda: {app.get(job_id).status for job_id in later} == {"succeeded"}, timeout=10)
+
+
+def test_a_success_whose_jobs_table_was_dropped_is_not_written_to_the_table_made_again(
+    qdb: QueueDatabase, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = qdb.app()
+    release = threading.Event()
+    done: list[int] = []
+
+    @app.task(name="chaos.hold")
+    def hold(n: int) -> None:
+        release.wait(20)
+        done.append(n)
+
+    running = qdb.start(app, poll=0.5)
+    hold.enqueue({"n": 1})
+    wait_until(lambda: job_rows(qdb.engine)[0].status == "running", timeout=10, what="the first job running")
+    caplog.set_level(logging.WARNING, logger="dibs")
+    drop_jobs_table(qdb.engine)
+    release.set()
+    # Its row is gone: kept and written again later, the success would mark the table's new job of the same
+    # id and token succeeded without running it.
+    wait_until(
+        lambda: any("the successes of 1 jobs were not recorded" in r.getMessage() for r in caplog.records),
+        timeout=15,
+        what="the worker giving up the success of a dropped row",
+    )
+    assert app.init() == []
+    release.clear()
+    later = hold.enqueue({"n": 2})
+    assert later.id == 1
+    release.set()
+    wait_until(lambda: done == [1, 2], timeout=15, what="the job of the table made again")
+    wait_until(lambda: app.get(later.id).status == "succeeded", timeout=15, what="its success written")
+    assert running.worker.stats.lost == 1

@@ -13,7 +13,7 @@ import logging
 from collections import Counter
 from collections.abc import Sequence
 
-from dibs._errors import InvalidArgument
+from dibs._errors import InvalidArgument, SchemaMissing
 from dibs.lease import Lease
 from dibs.metrics import Metrics
 from dibs.queue.outcome import Outcome, failed_outcome
@@ -65,6 +65,14 @@ class JobWrites:
         )
         try:
             lost = await self.threads.call(self.store.succeed, self.engine, done, results)
+        except SchemaMissing:
+            # The jobs table was dropped, and these rows with it. Kept, the writes would land in a table made
+            # again, whose new jobs reuse their ids and tokens, and mark them succeeded unrun: they are lost.
+            for lease, _ in results:
+                del pending[lease.key[0], lease.token]
+            self.stats.lost += len(done)
+            log.warning("the successes of %d jobs were not recorded: the jobs table was dropped", len(done))
+            return
         except Exception:
             # Kept, and renewed, until a later flush records them (with their results).
             self.keeper.hold(done)
