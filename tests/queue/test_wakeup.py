@@ -8,12 +8,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 import pytest
 import sqlalchemy as sa
 
 import dibs
 from dibs.queue import fetch
 from dibs.queue.enqueue import CHANNEL
+from tests.helpers import wait_until
 from tests.queue.database import QueueDatabase
 from tests.queue.support import kill_listeners, kill_other_sessions, sends_notifications
 
@@ -171,3 +173,19 @@ def test_a_listener_that_cannot_reconnect_says_so_once_and_again_when_it_does(
         ("INFO", f"listening on {CHANNEL} again"),
     ]
     woken_again(notifying, started, poll)
+
+
+def test_a_listener_that_stops_says_nothing_to_the_other_listeners(qdb: QueueDatabase, notifying: dibs.App) -> None:
+    heard: list[str] = []
+    listener = notifying.store.backend.listen(notifying.engine, CHANNEL, heard.append)
+    assert listener is not None
+    wait_until(lambda: listener.listening, timeout=10.0)
+    url = qdb.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as other:
+        other.execute(f'LISTEN "{CHANNEL}"')
+        listener.close()
+        assert not listener.listening
+        # Every worker of the database listens on this channel: a stopping one has nothing to tell them.
+        assert list(other.notifies(timeout=0.5)) == []
+    # What it heard: only the look it is told to take once it listens.
+    assert heard == [""]

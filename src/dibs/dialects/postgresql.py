@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -275,8 +276,9 @@ class Notifications:
         self._failing = False  # whether the last try to listen failed (said once until it listens again)
         self._since: float | None = None  # when the connection listening now started to, if one does
         self._dropped: str | None = None  # why the last connection dropped, until it listens again
-        # What close() sends to wake this listener at once; no queue has this name, so no worker wakes.
-        self._farewell = f"dibs-listener-stop-{id(self)}-{threading.get_ident()}"
+        # A channel of this listener's own, on which close() wakes it at once: a word on the shared channel
+        # would wake every other listener of the database too.
+        self._wake_channel = f"dibs_wake_{os.getpid()}_{id(self):x}"
         self._thread = threading.Thread(target=self._run, name=f"dibs-listen-{channel}", daemon=True)
         self._thread.start()
 
@@ -313,6 +315,8 @@ class Notifications:
         raw.detach()
         try:
             conn.autocommit = True
+            # The shared channel last: pg_stat_activity shows a session by its last statement.
+            conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._wake_channel)))
             conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
             if self._stop.is_set():
                 return
@@ -323,7 +327,7 @@ class Notifications:
             while not self._stop.is_set():
                 # A short timeout: a worker that stops waits for this thread at most this long.
                 for notification in conn.notifies(timeout=0.1):
-                    if notification.payload != self._farewell:
+                    if notification.channel == self.channel:
                         self.woken(notification.payload)
         finally:
             dropped, self.listening = self.listening, False
@@ -350,7 +354,7 @@ class Notifications:
             raw.detach()
             try:
                 cursor = raw.cursor()
-                cursor.execute("SELECT pg_notify(%s, %s)", (self.channel, self._farewell))
+                cursor.execute("SELECT pg_notify(%s, '')", (self._wake_channel,))
                 raw.commit()
             finally:
                 raw.close()
