@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -324,3 +325,35 @@ def test_a_claimed_jobs_row_holds_what_the_worker_reads_where_it_reads_it(qdb: Q
     assert (row[ID_AT], row[TASK_AT], row[ATTEMPTS_AT]) == (job.id, "work.read", 1)
     assert json.loads(row[ARGS_AT]) == {"n": 7}
     assert app.store.succeed(app.engine, [lease]) == []
+
+
+def test_a_run_whose_lease_expired_leaves_the_run_that_claimed_its_job_again_renewed_and_stoppable(
+    qdb: QueueDatabase,
+) -> None:
+    app = qdb.app()
+    first_may_end, second_may_end = threading.Event(), threading.Event()
+    started: list[int] = []
+
+    @app.task(name="work.twice")
+    def twice() -> None:
+        started.append(len(started) + 1)
+        (first_may_end if len(started) == 1 else second_may_end).wait(20)
+
+    running = qdb.start(app, concurrency=2, lease=30.0)
+    job = app.enqueue(twice)
+    wait_until(lambda: started == [1], timeout=10, what="the first run")
+    # The worker's renewals stopped reaching the database past the lease (an outage): the lease expired, and
+    # the worker itself recovers the job and claims it again while its first run goes on.
+    with qdb.engine.begin() as conn:
+        conn.execute(jobs.update().where(jobs.c.id == job.id).values(lease_expires_at=jobs.c.enqueued_at))
+    wait_until(lambda: started == [1, 2], timeout=10, what="the second run")
+    worker = running.worker
+    (current,) = worker.keeper.held.values()
+    first_may_end.set()
+    wait_until(lambda: worker.stats.lost == 1, timeout=10, what="the first run's outcome refused")
+    # The stale run's end takes neither the new lease out of the renewals nor the new run out of the running
+    # jobs (where a cancellation or a lost lease finds it).
+    assert worker.keeper.holds(current)
+    assert worker.runners.running[job.id].lease is current
+    second_may_end.set()
+    wait_until(lambda: app.get(job.id).status == "succeeded", timeout=10, what="the second run's success")

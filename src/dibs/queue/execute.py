@@ -94,7 +94,7 @@ class Runners:
         self.running: dict[int, _Running] = {}
         #: Prometheus metrics, when the worker serves them.
         self.metrics: Metrics | None = None
-        self._held = writes.keeper.held
+        self._held, self._drop = writes.keeper.held, writes.keeper.drop
         self._succeeded = writes.successes.add
         self._threads = ThreadPoolExecutor(concurrency, thread_name_prefix="dibs-task")
         #: Where transactional tasks write.
@@ -152,7 +152,7 @@ class Runners:
             except Exception as error:
                 # Writing the outcome failed (the database went away). The lease is no longer renewed, so
                 # the job runs again once it expires: at least once, never lost.
-                self._held.pop(lease.key, None)
+                self._drop(lease)
                 log.warning("could not record the outcome of job %s; it will run again: %s", lease.key[0], error)
 
     async def _run(self, lease: Lease, runner: asyncio.Task[Any] | None) -> None:
@@ -187,7 +187,7 @@ class Runners:
         if row[HAS_PARENTS_AT] is not None:  # it waited for other jobs: their results, read once
             writes = self.writes
             context.parent_results = await writes.threads.call(writes.store.parent_results, writes.engine, job_id)
-        self.running[job_id] = _Running(lease, task, context, runner)
+        self.running[job_id] = mine = _Running(lease, task, context, runner)
         kwargs = {**args, "context": context} if task.wants_context else args
         function = task.function
         if task.transactional:
@@ -203,8 +203,10 @@ class Runners:
                 raised = await self._traced(tracing, task, function, kwargs, context, row)
         finally:
             # Out of `running` before anything else is awaited: a cancellation aimed at this job can no
-            # longer land in the writes that record its outcome.
-            self.running.pop(job_id, None)
+            # longer land in the writes that record its outcome. Only this run: one that claimed the job
+            # again after this run's lease expired is still running.
+            if self.running.get(job_id) is mine:
+                del self.running[job_id]
         duration = time.perf_counter() - started
         if self.metrics is not None:
             self.metrics.ran(task.name, duration)

@@ -53,9 +53,9 @@ class JobWrites:
 
     async def write_successes(self, done: list[Lease]) -> None:
         """Record these jobs as succeeded in one write; a job whose lease was taken over is counted lost."""
-        held = self.keeper.held
+        drop = self.keeper.drop
         for lease in done:
-            held.pop(lease.key, None)
+            drop(lease)
         pending = self.results
         # Looked up only when some success of the worker returned a value: a None costs nothing here.
         results = (
@@ -108,7 +108,7 @@ class JobWrites:
         self.successes.add(lease)
 
     async def _unkept(self, lease: Lease, task: Task, problem: InvalidArgument) -> None:
-        self.keeper.held.pop(lease.key, None)
+        self.keeper.drop(lease)
         if not await self.threads.call(self.store.bury, self.engine, lease, error_text(problem, "")):
             self.stats.lost += 1
             return
@@ -129,7 +129,7 @@ class JobWrites:
     def committed(self, lease: Lease, task: Task) -> None:
         """Count a transactional job whose completion committed with its writes (its children settled in
         that transaction)."""
-        self.keeper.held.pop(lease.key, None)
+        self.keeper.drop(lease)
         self.stats.succeeded += 1
         if self.metrics is not None:
             self.metrics.finished(task.name, "succeeded")
@@ -137,7 +137,7 @@ class JobWrites:
 
     def fenced_out(self, lease: Lease) -> None:
         """Count a transactional job whose lease was taken over before it committed: its writes rolled back."""
-        self.keeper.held.pop(lease.key, None)
+        self.keeper.drop(lease)
         self.stats.lost += 1
         log.warning("job %s finished, but its lease had been taken over: its writes were rolled back", lease.key[0])
 
@@ -175,7 +175,7 @@ class JobWrites:
     async def _failed(
         self, lease: Lease, task: Task, reason: str | None, error: BaseException, formatted: str, duration: float
     ) -> None:
-        self.keeper.held.pop(lease.key, None)
+        self.keeper.drop(lease)
         if reason not in ("lease lost", "cancelled"):
             requested = await self.threads.call(self.store.cancel_requests, self.engine, [lease.key[0]])
             if requested:
@@ -218,7 +218,7 @@ class JobWrites:
     async def reject(self, lease: Lease, task: Task, problem: str) -> None:
         """Bury a job that can never run as stored (its arguments are not a JSON object, or do not fit the
         function): dead at once, without retries, with the problem as its error."""
-        self.keeper.held.pop(lease.key, None)
+        self.keeper.drop(lease)
         error = InvalidArgument(f"{problem}; enqueue it again with arguments that fit")
         if not await self.threads.call(self.store.bury, self.engine, lease, error_text(error, "")):
             self.stats.lost += 1
@@ -235,9 +235,9 @@ class JobWrites:
         """Give unstarted jobs back at once, with no attempt spent (a failure leaves them to their leases)."""
         if not leases:
             return
-        held = self.keeper.held
+        drop = self.keeper.drop
         for lease in leases:
-            held.pop(lease.key, None)
+            drop(lease)
         try:
             lost = await self.threads.call(self.store.release, self.engine, list(leases))
         except Exception as error:

@@ -63,8 +63,12 @@ class LeaseKeeper:
         self.held.update((lease.key, lease) for lease in leases)
 
     def drop(self, lease: Lease) -> None:
-        """Renew this lease no more (its row is finished, given back or lost)."""
-        self.held.pop(lease.key, None)
+        """Renew this lease no more (its row is finished, given back or lost).
+
+        Only this very lease: a newer one of its row (claimed again once this one expired) is still renewed.
+        """
+        if self.held.get(lease.key) is lease:
+            del self.held[lease.key]
 
     def holds(self, lease: Lease) -> bool:
         """Whether this very lease (not an older or newer one of its row) is held."""
