@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 import dibs
 from dibs.schema import jobs
@@ -327,10 +328,19 @@ def test_a_claimed_jobs_row_holds_what_the_worker_reads_where_it_reads_it(qdb: Q
     assert app.store.succeed(app.engine, [lease]) == []
 
 
+@pytest.mark.parametrize("first_write", ["written", "failing once"])
 def test_a_run_whose_lease_expired_leaves_the_run_that_claimed_its_job_again_renewed_and_stoppable(
-    qdb: QueueDatabase,
+    qdb: QueueDatabase, first_write: str
 ) -> None:
     app = qdb.app()
+    failures = [ConnectionError("the database went away")] if first_write == "failing once" else []
+
+    @sa.event.listens_for(app.engine, "before_cursor_execute")
+    def fail(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        # The stale run's success is kept to be written again: it must not be renewed over the new lease.
+        if statement.startswith("UPDATE dibs_jobs SET status='succeeded'") and failures:
+            raise failures.pop()
+
     first_may_end, second_may_end = threading.Event(), threading.Event()
     started: list[int] = []
 

@@ -75,7 +75,7 @@ class JobWrites:
             return
         except Exception:
             # Kept, and renewed, until a later flush records them (with their results).
-            self.keeper.hold(done)
+            self.keeper.keep(done)
             raise
         for lease, _ in results:
             del pending[lease.key[0], lease.token]

@@ -62,6 +62,12 @@ class LeaseKeeper:
         """Renew these leases from now on."""
         self.held.update((lease.key, lease) for lease in leases)
 
+    def keep(self, leases: Iterable[Lease]) -> None:
+        """Renew these leases again (the write of their outcome failed and is tried later), but none over a
+        newer lease of its row: that one's run owns the row now."""
+        for lease in leases:
+            self.held.setdefault(lease.key, lease)
+
     def drop(self, lease: Lease) -> None:
         """Renew this lease no more (its row is finished, given back or lost).
 
