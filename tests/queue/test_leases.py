@@ -4,6 +4,7 @@ terminated worker finishes what it runs and gives back the rest at once."""
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import threading
@@ -330,8 +331,9 @@ def test_a_claimed_jobs_row_holds_what_the_worker_reads_where_it_reads_it(qdb: Q
 
 @pytest.mark.parametrize("first_write", ["written", "failing once"])
 def test_a_run_whose_lease_expired_leaves_the_run_that_claimed_its_job_again_renewed_and_stoppable(
-    qdb: QueueDatabase, first_write: str
+    qdb: QueueDatabase, first_write: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="dibs.worker")
     app = qdb.app()
     failures = [ConnectionError("the database went away")] if first_write == "failing once" else []
 
@@ -357,6 +359,9 @@ def test_a_run_whose_lease_expired_leaves_the_run_that_claimed_its_job_again_ren
     with qdb.engine.begin() as conn:
         conn.execute(jobs.update().where(jobs.c.id == job.id).values(lease_expires_at=jobs.c.enqueued_at))
     wait_until(lambda: started == [1, 2], timeout=10, what="the second run")
+    # Claimed again, the job's first run is told its lease was lost (as a renewal would have found).
+    lost = f"lost the lease on job {job.id} (it expired and was taken over); stopping it here"
+    assert [r.getMessage() for r in caplog.records if r.getMessage().startswith("lost the lease")] == [lost]
     worker = running.worker
     (current,) = worker.keeper.held.values()
     first_may_end.set()

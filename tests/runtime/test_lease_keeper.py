@@ -135,3 +135,33 @@ def test_a_lease_finished_while_its_renewal_ran_is_not_reported_lost(leased: Lea
 
     asyncio.run(beat())
     assert lost == []
+
+
+def test_a_row_claimed_again_replaces_its_older_lease_which_is_reported_lost(leased: Leased) -> None:
+    (older,) = leased.claim("keeper", 30, limit=1)
+    leased.expire(older)
+    (newer,) = leased.claim("keeper", 30, limit=1)  # the same row, once its lease expired
+    assert (newer.key, newer.token) == (older.key, older.token + 1)
+    lost: list[Lease] = []
+    keeper = LeaseKeeper(leased.renew(30), every=10.0, lost=lost.append)
+    keeper.hold([older])
+    keeper.hold([newer])
+    assert lost == [older]
+    keeper.drop(older)  # the older run ends: the newer lease stays held
+    assert keeper.holds(newer)
+
+
+@pytest.mark.parametrize("order", ["older first", "newer first"])
+def test_leases_kept_after_a_failed_write_leave_the_newest_of_each_row_held(leased: Leased, order: str) -> None:
+    (older,) = leased.claim("keeper", 30, limit=1)
+    leased.expire(older)
+    (newer,) = leased.claim("keeper", 30, limit=1)
+    keeper = LeaseKeeper(leased.renew(30), every=10.0, lost=lambda lease: None)
+    keeper.hold([newer])
+    # One batch of outcomes held both; its write failed, so both are kept for the next try.
+    keeper.drop(older)
+    keeper.drop(newer)
+    keeper.keep([older, newer] if order == "older first" else [newer, older])
+    assert keeper.holds(newer)
+    keeper.keep([older])  # nor does a later try put the older back over it
+    assert keeper.holds(newer)

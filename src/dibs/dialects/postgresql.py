@@ -327,8 +327,9 @@ class Notifications:
             while not self._stop.is_set():
                 # A short timeout: a worker that stops waits for this thread at most this long.
                 for notification in conn.notifies(timeout=0.1):
-                    if notification.channel == self.channel:
-                        self.woken(notification.payload)
+                    if notification.channel != self.channel:
+                        break  # close() woke it: the loop sees the stop at once
+                    self.woken(notification.payload)
         finally:
             dropped, self.listening = self.listening, False
             conn.close()

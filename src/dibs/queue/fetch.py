@@ -154,8 +154,7 @@ class Fetcher:
                 break
             self.stats.claimed += len(claimed)
             if claimed:
-                for lease in claimed:
-                    held[lease.key] = lease
+                self.keeper.hold(claimed)
                 jobs.put(claimed)
                 backoff.reset()
                 continue

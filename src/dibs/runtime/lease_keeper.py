@@ -29,8 +29,8 @@ class LeaseKeeper:
     Args:
         renew: Renews a list of leases on the database (blocking); returns the ones it could not renew.
         every: Seconds between renewals.
-        lost: Called, on the loop, with each lease that was held and could not be renewed; it is no longer
-            held when called.
+        lost: Called, on the loop, with each lease that was held and could not be renewed, or whose row was
+            claimed again (see :meth:`hold`); it is no longer held when called.
         failed: Called with the error when a renewal fails as a whole (it is tried again at the next beat,
             well before the leases expire).
         also: Awaited after each renewal, on the same beat (a worker looks for cancelled jobs then).
@@ -59,14 +59,26 @@ class LeaseKeeper:
         self._also = also
 
     def hold(self, leases: Iterable[Lease]) -> None:
-        """Renew these leases from now on."""
-        self.held.update((lease.key, lease) for lease in leases)
+        """Renew these leases, just claimed, from now on.
+
+        An older lease held on one of their rows expired before the row was claimed again: it is lost, and
+        reported so (its run is stopped), as a renewal would have found.
+        """
+        held, lost = self.held, self._lost
+        for lease in leases:
+            older = held.get(lease.key)
+            held[lease.key] = lease
+            if older is not None and older is not lease:
+                lost(older)
 
     def keep(self, leases: Iterable[Lease]) -> None:
         """Renew these leases again (the write of their outcome failed and is tried later), but none over a
-        newer lease of its row: that one's run owns the row now."""
+        newer lease of its row (a higher token): that one's run owns the row now."""
+        held = self.held
         for lease in leases:
-            self.held.setdefault(lease.key, lease)
+            current = held.get(lease.key)
+            if current is None or current.token < lease.token:
+                held[lease.key] = lease
 
     def drop(self, lease: Lease) -> None:
         """Renew this lease no more (its row is finished, given back or lost).
