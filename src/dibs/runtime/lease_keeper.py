@@ -140,6 +140,6 @@ class LeaseKeeper:
     def _report(self, lost: Sequence[Lease]) -> None:
         for lease in lost:
             # Finished (or claimed anew) while the renewal ran: nothing was lost.
-            if self.held.get(lease.key) is lease:
-                self.held.pop(lease.key, None)
+            if self.holds(lease):
+                self.drop(lease)
                 self._lost(lease)
