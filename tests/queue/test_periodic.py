@@ -694,3 +694,21 @@ def test_dibs_status_shows_the_periodic_jobs_after_a_worker_ran(tmp_path: Path) 
         str(row.last_job_id),
         "no",
     ]
+
+
+def test_a_burst_worker_runs_the_periodic_job_that_is_due_as_it_starts(qdb: QueueDatabase) -> None:
+    """A burst run from cron finds nothing queued: the job of the slot that is due must still be queued and run."""
+    app = qdb.app()
+    ran: list[int] = []
+
+    @app.periodic(every=HOUR, name="hourly")
+    @app.task(name="hourly")
+    def hourly(context: dibs.JobContext) -> None:
+        ran.append(context.job_id)
+
+    app.sync_periodic()
+    for turn in range(1, 4):
+        set_next_slot(qdb.engine, "hourly", next_slot(qdb.engine, "hourly") - HOUR)
+        stats = qdb.drain(app)
+        assert (stats.succeeded, len(ran)) == (1, turn)
+        assert next_slot(qdb.engine, "hourly") > database_now(qdb.engine)
