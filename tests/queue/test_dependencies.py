@@ -100,6 +100,30 @@ def test_a_job_after_finished_parents_is_queued_at_once(qdb: QueueDatabase) -> N
     assert ran[-1] == ("step", 2, [10])
 
 
+def test_a_burst_runs_a_child_enqueued_while_its_parent_ran(qdb: QueueDatabase) -> None:
+    """The worker settles only the children a parent had when it was claimed; a burst must not end with a
+    later child waiting for a parent that finished."""
+    app = qdb.app()
+    gate, started = threading.Event(), threading.Event()
+    done: list[int] = []
+
+    @app.task(name="flow.slow")
+    def slow(n: int) -> int:
+        started.set()
+        gate.wait(10)
+        done.append(n)
+        return n
+
+    parent = slow.enqueue({"n": 1})
+    burst = qdb.start(app, burst=True)
+    assert started.wait(10)
+    child = slow.enqueue({"n": 2}, after=[parent])
+    gate.set()
+    stats = burst.join(30)
+    assert (stats.succeeded, done) == (2, [1, 2])
+    assert app.get(child.id).status == "succeeded"
+
+
 def test_a_child_enqueued_while_its_parent_runs_is_settled_by_upkeep(qdb: QueueDatabase) -> None:
     app = qdb.app()
     gate, started = threading.Event(), threading.Event()

@@ -56,6 +56,25 @@ def test_a_failing_chore_is_reported_and_the_others_still_run() -> None:
     assert all(chore.last is not None for chore in upkeep.chores)  # a failed run waits its interval too
 
 
+def test_a_round_asked_to_stop_runs_no_further_chore() -> None:
+    """A burst worker waits for its first round before claiming: a stop asked for meanwhile ends it there."""
+    ran: list[str] = []
+    stop = False
+
+    async def slow() -> None:
+        nonlocal stop
+        ran.append("slow")
+        stop = True  # a SIGTERM while it ran
+
+    async def fine() -> None:
+        ran.append("fine")
+
+    upkeep = Upkeep([Chore("slow", 1.0, slow), Chore("fine", 1.0, fine)])
+    asyncio.run(upkeep.run_due(lambda: stop))
+    assert ran == ["slow"]
+    assert [chore.last is None for chore in upkeep.chores] == [False, True]  # the other is still due
+
+
 def test_running_repeats_each_chore_on_its_own_interval() -> None:
     counts = {"fast": 0, "slow": 0}
 

@@ -212,14 +212,20 @@ class Fetcher:
 
     async def _work_left(self) -> WorkLeft | None:
         """Which jobs of ours (of our queues and tasks, untagged or of our tags) are queued, scheduled (a retry
-        waiting for its time) or running, scheduled ones whose time came queued first; None if the database
-        could not say (logged)."""
+        waiting for its time) or running, scheduled ones whose time came and waiting ones whose parents
+        finished queued first; None if the database could not say (logged)."""
         settings, call = self.settings, self.threads.call
         try:
             left = await call(self.store.work_left, self.engine, settings.queues, self.task_names, settings.tags)
             if left.scheduled:
                 promoted: int = await call(self.store.promote_due, self.engine)
                 if promoted:
+                    return left._replace(queued=True)
+            # Children enqueued while their parent ran, whose settling is left to upkeep: settled now, or
+            # the burst could end with them waiting for parents that finished.
+            if not left.queued:
+                settled: int = await call(self.store.settle_unsettled, self.engine)
+                if settled:
                     return left._replace(queued=True)
         except Exception as error:
             log.warning("could not check for remaining work: %s", error)

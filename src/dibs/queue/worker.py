@@ -224,7 +224,7 @@ class Worker(Service[WorkerStats]):
         if self.burst:
             # Its first pass comes before the first claim, or a burst with nothing queued could end before
             # the pass enqueued a periodic job that is due, or moved a paused schedule on.
-            await self.upkeep.run_due()
+            await self.upkeep.run_due(lambda: self.stopping)
         self.background(self.upkeep.run(), "dibs-upkeep")
         # Its row in dibs_workers, for `dibs status`: written now, beating, deleted as it stops.
         self.background(keep_registered(self, self.threads.call), "dibs-registry")

@@ -85,9 +85,11 @@ class Upkeep:
         """Seconds from ``now`` until the next chore is due."""
         return min((chore.due_in(now) for chore in self.chores), default=60.0)
 
-    async def run_due(self) -> None:
-        """Run every chore due now, once each."""
+    async def run_due(self, stopping: Callable[[], bool] = lambda: False) -> None:
+        """Run every chore due now, once each, unless ``stopping`` says to stop before the next one."""
         for chore in self.due(time.monotonic()):
+            if stopping():
+                return
             try:
                 await chore.work()
             except Exception as error:
