@@ -9,7 +9,9 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import sqlalchemy as sa
 
+from dibs.schema import metadata
 from tests.acceptance.cli import DIBS, ROOT
 from tests.acceptance.cli import dibs as run
 from tests.helpers import wait_until
@@ -57,3 +59,29 @@ def test_the_dashboard_command_refuses_a_malformed_basic_auth(tmp_path: Path) ->
     refused = run(database, tmp_path, "dashboard", "--basic-auth", "nopassword")
     assert refused.returncode == 1
     assert "--basic-auth takes USER:PASSWORD" in refused.stderr
+
+
+def test_the_dashboard_command_says_which_database_it_serves_without_its_password(
+    tmp_path: Path, postgres_database: sa.URL
+) -> None:
+    url = postgres_database if postgres_database.password else postgres_database.set(password="s3cret-pw")
+    database, password = url.render_as_string(hide_password=False), str(url.password)
+    assert run(database, tmp_path, "init").returncode == 0
+    port = _free_port()
+    env = {**os.environ, "DIBS_DATABASE_URL": database}
+    log_path = tmp_path / "dashboard.log"
+    with log_path.open("wb") as log:
+        server = subprocess.Popen([DIBS, "dashboard", "--port", str(port)], cwd=ROOT, env=env, stdout=log,
+                                  stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        wait_until(lambda: "dibs dashboard of" in log_path.read_text() or server.poll() is not None, timeout=30,
+                   what="the dashboard to say what it serves")  # fmt: skip
+        said = log_path.read_text()
+        assert f"dibs dashboard of {url.render_as_string(hide_password=True)} on http://127.0.0.1:{port}/" in said
+        assert password not in said
+    finally:
+        server.terminate()
+        server.wait(10)
+        engine = sa.create_engine(database)
+        metadata.drop_all(engine)
+        engine.dispose()

@@ -44,6 +44,7 @@ def dashboard(
             fail("--basic-auth takes USER:PASSWORD")
         auth = web.basic_auth(user, password)
     app = open_app(ctx)
-    click.echo(f"dibs dashboard of {app.url} on http://{host}:{port}/{' (read-only)' if read_only else ''}")
+    where = app.engine.url.render_as_string(hide_password=True)
+    click.echo(f"dibs dashboard of {where} on http://{host}:{port}/{' (read-only)' if read_only else ''}")
     served = web.create_app(app, read_only=read_only, auth=auth)
     uvicorn.run(served, host=host, port=port, root_path=root_path, log_level="warning")
