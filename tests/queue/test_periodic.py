@@ -38,6 +38,8 @@ UTC = timezone.utc
 SECOND = timedelta(seconds=1)
 MINUTE = timedelta(minutes=1)
 HOUR = timedelta(hours=1)
+#: Every minute and every hour written out as a list: a cron expression too long to store.
+LISTED_MINUTES, LISTED_HOURS = ",".join(map(str, range(60))), ",".join(map(str, range(24)))
 
 
 # -- helpers -----------------------------------------------------------------------------------------
@@ -242,6 +244,25 @@ def test_missed_slots_are_skipped_to_the_latest_or_caught_up_oldest_first(qdb: Q
     # Nothing more is due.
     assert app.enqueue_periodic() == 0
     assert len(all_jobs(qdb.engine)) == len(expected)
+
+
+def test_each_missed_slot_of_a_schedule_with_a_long_name_gets_a_job_of_its_own(qdb: QueueDatabase) -> None:
+    """A name as long as names go leaves no room for the slot in ``periodic:<name>:<slot>``: the key holds
+    the name's digest instead, or every slot's job would share one key and all but one be lost."""
+    app = qdb.app()
+    name = "n" * 200
+
+    @app.periodic(every=HOUR, name=name, missed="catch_up")
+    @app.task(name="report")
+    def report() -> None: ...
+
+    app.sync_periodic()
+    set_next_slot(qdb.engine, name, next_slot(qdb.engine, name) - 5 * HOUR)  # five slots came
+    enqueued = app.enqueue_periodic()
+    keys = [job.dedupe_key for job in all_jobs(qdb.engine)]
+    assert enqueued == len(keys) == len(set(keys)) >= 5
+    assert [slot_of(key) for key in keys] == sorted(slot_of(key) for key in keys)
+    assert all(len(key) <= 200 for key in keys)
 
 
 @pytest.mark.parametrize("missed", ["skip", "catch_up"])
@@ -554,6 +575,8 @@ def test_slots_come_on_the_database_clock(qdb: QueueDatabase, monkeypatch: pytes
         pytest.param({"cron": "not a cron"}, id="cron-not-a-cron"),
         pytest.param({"cron": "61 * * * *"}, id="cron-minute-out-of-range"),
         pytest.param({"cron": "* * * *"}, id="cron-four-fields"),
+        # Valid, but longer than the schedule's stored text: refused before any worker tries to store it.
+        pytest.param({"cron": f"{LISTED_MINUTES} {LISTED_HOURS} * * *"}, id="cron-too-long"),
         pytest.param({"every": HOUR, "missed": "later"}, id="missed-later"),
         pytest.param({"every": HOUR, "name": "has spaces"}, id="bad-name"),
         pytest.param({"every": HOUR, "args": {"when": datetime(2026, 1, 1)}}, id="args-not-json"),

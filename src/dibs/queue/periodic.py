@@ -18,6 +18,7 @@ a resume never makes up for the slots that passed while it was paused.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 from collections import deque
@@ -35,7 +36,7 @@ from dibs._errors import InvalidArgument
 from dibs.claim import claim
 from dibs.dialects import backend_for
 from dibs.engine import writing
-from dibs.queue.enqueue import insert_jobs, new_job
+from dibs.queue.enqueue import KEY_LIMIT, insert_jobs, new_job
 from dibs.queue.task import TASK_NAME_LIMIT, Task
 from dibs.schema import aware, periodic
 
@@ -44,6 +45,8 @@ log = logging.getLogger("dibs.periodic")
 MISSED_POLICIES = ("skip", "catch_up")
 #: Most missed slots one catch-up enqueues; older ones are skipped, with a warning.
 MAX_CATCH_UP = 1000
+#: The longest text of a schedule (``cron <expression>``), as dibs_periodic stores it.
+SCHEDULE_LIMIT = 200
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
@@ -71,6 +74,11 @@ class Periodic:
             )
         if self.cron is not None:
             self.next_after(datetime.now(timezone.utc))  # raises InvalidArgument for a bad expression
+            if len(self.schedule) > SCHEDULE_LIMIT:
+                raise InvalidArgument(
+                    f"cron= takes at most {SCHEDULE_LIMIT - len('cron ')} characters (it is stored as the "
+                    f"schedule's text), got {len(self.cron or '')}; write its lists as ranges (0-59, not 0,1,...,59)"
+                )
         if self.missed not in MISSED_POLICIES:
             raise InvalidArgument(f"missed= must be 'skip' or 'catch_up', got {self.missed!r}")
 
@@ -281,6 +289,16 @@ def enqueue_due(engine: Engine, schedules: Mapping[str, Periodic], notify_channe
     return enqueued
 
 
+def slot_key(name: str, slot: datetime) -> str:
+    """The dedupe key of the job of a schedule's slot: ``periodic:<name>:<slot>``, with the name's digest for
+    a name too long to leave room for the slot (cut short, every slot of it would share one key)."""
+    stamp = slot.strftime("%Y%m%dT%H%M%SZ")
+    key = f"periodic:{name}:{stamp}"
+    if len(key) <= KEY_LIMIT:
+        return key
+    return f"periodic:{hashlib.sha256(name.encode()).hexdigest()}:{stamp}"
+
+
 def _fire_slots(
     conn: Connection, definition: Periodic, row: Row[Any], now: datetime, notify_channel: str | None
 ) -> int:
@@ -308,7 +326,7 @@ def _fire_slots(
                 definition.args,
                 known_queues=definition.task.app.queues,
                 max_args_bytes=definition.task.app.max_args_bytes,
-                dedupe_key=f"periodic:{row.name}:{slot.strftime('%Y%m%dT%H%M%SZ')}"[:200],
+                dedupe_key=slot_key(row.name, slot),
                 **definition.options,
             )
             for slot in fired
