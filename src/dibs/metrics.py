@@ -87,7 +87,13 @@ class Metrics:
     def serve(cls, port: int, address: str = LOOPBACK) -> Metrics:
         """Instruments served over HTTP at ``address:port/metrics``."""
         metrics = cls()
-        metrics._server, _thread = _prometheus().start_http_server(port, addr=address, registry=metrics.registry)
+        try:
+            metrics._server, _thread = _prometheus().start_http_server(port, addr=address, registry=metrics.registry)
+        except OSError as error:  # the port is taken, or the address is not this machine's
+            raise InvalidArgument(
+                f"cannot serve metrics on {address}:{port} ({error.strerror or error}); choose another "
+                "metrics_port (--metrics-port), or stop what listens there"
+            ) from error
         return metrics
 
     def close(self) -> None:

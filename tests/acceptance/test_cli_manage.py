@@ -147,6 +147,28 @@ def test_job_commands_check_every_id_before_changing_any(database: str, tmp_path
         assert states(database, "dibs_jobs") == {"queued": 1}
 
 
+def test_jobs_retry_checks_every_job_is_dead_or_cancelled_before_queueing_any(database: str, tmp_path: Path) -> None:
+    assert run(database, tmp_path, "init").returncode == 0
+    cancelled = run(database, tmp_path, "enqueue", APP, "greet", '{"name": "x"}').stdout.split()[2]
+    succeeded = run(database, tmp_path, "enqueue", APP, "greet", '{"name": "y"}').stdout.split()[2]
+    assert run(database, tmp_path, "jobs", "cancel", cancelled).returncode == 0
+    execute(database, sa.update(jobs).where(jobs.c.id == int(succeeded)).values(status="succeeded"))
+    attempt = run(database, tmp_path, "jobs", "retry", cancelled, succeeded)
+    assert attempt.returncode == 1
+    assert f"job {succeeded} is succeeded; only dead or cancelled jobs can be retried" in attempt.stderr
+    assert states(database, "dibs_jobs") == {"cancelled": 1, "succeeded": 1}  # the cancelled one not queued
+
+
+@pytest.mark.parametrize("command", [["jobs", "show"], ["jobs", "retry"], ["jobs", "cancel"], ["outbox", "show"],
+                                     ["outbox", "discard"], ["outbox", "requeue"]])  # fmt: skip
+def test_an_id_no_table_can_hold_is_one_clear_line(database: str, tmp_path: Path, command: list[str]) -> None:
+    assert run(database, tmp_path, "init").returncode == 0
+    refused = run(database, tmp_path, *command, str(2**63))
+    assert refused.returncode == 2
+    assert "is not in the range 1<=x<=9223372036854775807" in refused.stderr
+    assert "Traceback" not in refused.stderr
+
+
 def abandoned_and_pending(database: str, tmp_path: Path) -> tuple[int, int]:
     assert run(database, tmp_path, "init").returncode == 0
     first, second = add_events(database, 2)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -140,3 +141,16 @@ def test_a_second_sigterm_stops_waiting_for_running_jobs(database: str, tmp_path
     assert time.monotonic() - stopping < 10, "the second signal should not wait out the 30 s grace period"
     assert worker.returncode == 1
     assert "1 sync job(s) were still running when the worker stopped" in err
+
+
+def test_a_metrics_port_already_taken_is_one_clear_line(tmp_path: Path) -> None:
+    database = f"sqlite:///{tmp_path / 'taken.sqlite'}"
+    assert run(database, tmp_path, "init").returncode == 0
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused = run(database, tmp_path, "worker", APP, "--burst", "--metrics-port", str(port))
+    assert refused.returncode == 1
+    assert f"cannot serve metrics on 127.0.0.1:{port} (Address already in use)" in refused.stderr
+    assert "Traceback" not in refused.stderr

@@ -11,7 +11,9 @@ import click
 from rich.table import Table
 
 from dibs.cli.shared import (
+    ROW_ID,
     add_plain_row,
+    all_in,
     confirmed,
     console,
     echo_json,
@@ -22,7 +24,7 @@ from dibs.cli.shared import (
     run,
 )
 from dibs.queue.job import Job
-from dibs.schema import DEAD, FINISHED, STATES
+from dibs.schema import CANCELLED, DEAD, FINISHED, STATES
 
 
 @click.group(help="List, show, retry, cancel and purge jobs.")
@@ -59,7 +61,7 @@ def list_jobs(ctx: click.Context, states: tuple[str, ...], queue: str | None, ta
 
 
 @jobs.command(help="Everything about job ID: its arguments, attempts, times, lease, and its last error in full.")
-@click.argument("job_id", metavar="ID", type=int)
+@click.argument("job_id", metavar="ID", type=ROW_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print the job as one JSON object.")
 @click.pass_context
 def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
@@ -90,18 +92,18 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
 
 
 @jobs.command(help="Queue the dead or cancelled jobs IDS again, their attempts counted from zero.")
-@click.argument("ids", metavar="IDS...", nargs=-1, type=int, required=True)
+@click.argument("ids", metavar="IDS...", nargs=-1, type=ROW_ID, required=True)
 @click.pass_context
 def retry(ctx: click.Context, ids: tuple[int, ...]) -> None:
     app = open_app(ctx)
-    existing(ids, app.get)
+    all_in(existing(ids, app.get), (DEAD, CANCELLED), "retried", "job")
     for job_id in ids:
         job = run(lambda job_id=job_id: app.retry(job_id))
         click.echo(f"job {job.id}: {job.status}")
 
 
 @jobs.command(help="Cancel the jobs IDS: waiting ones at once, running ones are asked to stop.")
-@click.argument("ids", metavar="IDS...", nargs=-1, type=int, required=True)
+@click.argument("ids", metavar="IDS...", nargs=-1, type=ROW_ID, required=True)
 @click.pass_context
 def cancel(ctx: click.Context, ids: tuple[int, ...]) -> None:
     app = open_app(ctx)

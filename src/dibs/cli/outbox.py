@@ -11,7 +11,9 @@ from rich.table import Table
 
 from dibs.cli.logs import configure, log_format_option
 from dibs.cli.shared import (
+    ROW_ID,
     add_plain_row,
+    all_in,
     confirmed,
     console,
     echo_json,
@@ -181,7 +183,7 @@ def list_events(
 
 
 @outbox.command(help="Everything about event ID: its aggregate, type, state, times, headers, payload and last error.")
-@click.argument("event_id", metavar="ID", type=int)
+@click.argument("event_id", metavar="ID", type=ROW_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print the event as one JSON object.")
 @click.pass_context
 def show(ctx: click.Context, event_id: int, as_json: bool) -> None:
@@ -202,7 +204,7 @@ def show(ctx: click.Context, event_id: int, as_json: bool) -> None:
 
 
 @outbox.command(help="Make the failed or abandoned events IDS (or --all of them) pending again.")
-@click.argument("ids", metavar="[IDS]...", nargs=-1, type=int)
+@click.argument("ids", metavar="[IDS]...", nargs=-1, type=ROW_ID)
 @click.option("--all", "everything", is_flag=True, help="Every failed or abandoned event.")
 @click.option("--target", default=None, help="With --all: only this target's.")
 @click.pass_context
@@ -210,17 +212,17 @@ def requeue(ctx: click.Context, ids: tuple[int, ...], everything: bool, target: 
     if bool(ids) == everything:
         fail("name the events to requeue by id, or pass --all (not both)")
     events = open_outbox(ctx)
-    _all_in(existing(ids, events.get), (FAILED, ABANDONED), "requeued")
+    all_in(existing(ids, events.get), (FAILED, ABANDONED), "requeued", "event")
     count = run(lambda: events.requeue(None if everything else list(ids), target=target))
     click.echo(f"requeued {count:,} events")
 
 
 @outbox.command(help="Delete the abandoned events IDS for good, so that their aggregates go on.")
-@click.argument("ids", metavar="IDS...", nargs=-1, type=int, required=True)
+@click.argument("ids", metavar="IDS...", nargs=-1, type=ROW_ID, required=True)
 @click.pass_context
 def discard(ctx: click.Context, ids: tuple[int, ...]) -> None:
     events = open_outbox(ctx)
-    _all_in(existing(ids, events.get), (ABANDONED,), "discarded")
+    all_in(existing(ids, events.get), (ABANDONED,), "discarded", "event")
     count = run(lambda: events.discard(list(ids)))
     click.echo(f"discarded {count:,} abandoned events")
 
@@ -246,10 +248,3 @@ def purge_events(ctx: click.Context, older_than: float | None, everything: bool,
     if confirmed(f"this deletes {count:,} events published{scope}", yes):
         removed = run(lambda: events.purge(older_than=age))
         click.echo(f"deleted {removed:,} published events")
-
-
-def _all_in(found: list[OutboxEvent], states: tuple[str, ...], done: str) -> None:
-    """Fail, changing nothing, unless every one of these events is in one of ``states``."""
-    for event in found:
-        if event.status not in states:
-            fail(f"event {event.id} is {event.status}; only {' or '.join(states)} events can be {done}")

@@ -191,6 +191,17 @@ def same_database(first: sa.URL, second: sa.URL) -> bool:
     return identity(first) == identity(second)
 
 
+#: A row id on the command line: the ids of every backend's tables are positive 64-bit integers.
+ROW_ID = click.IntRange(1, 2**63 - 1)
+
+
+def all_in(found: Iterable[Any], states: tuple[str, ...], done: str, kind: str) -> None:
+    """Fail, changing nothing, unless every one of these jobs or events (``kind``) is in one of ``states``."""
+    for item in found:
+        if item.status not in states:
+            fail(f"{kind} {item.id} is {item.status}; only {' or '.join(states)} {kind}s can be {done}")
+
+
 def existing(ids: Iterable[int], get: Callable[[int], Any]) -> list[Any]:
     """What ``get`` returns for each id, checked before a command changes any of them: a missing id is an
     error (exit status 1) and nothing is changed."""
