@@ -26,6 +26,7 @@ BAD_SETTINGS = [
     ({"connections": True}, "connections must be 1 or 2"),
     ({"connections": 1.0}, "connections must be 1 or 2"),
     ({"queues": ["mail"]}, "no task is on queue"),
+    ({"queues": []}, r"queues= \(--queues\) names no queue; name some of this app's: default"),
 ]
 
 

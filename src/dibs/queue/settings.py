@@ -102,6 +102,10 @@ def _chosen_queues(app_queues: frozenset[str], queues: Iterable[str] | None) -> 
             f"no task is on queue(s) {', '.join(sorted(unknown))}; this app's queues: "
             f"{', '.join(sorted(app_queues)) or 'none (register a task first)'}"
         )
+    if not chosen and app_queues:
+        raise InvalidArgument(
+            f"queues= (--queues) names no queue; name some of this app's: {', '.join(sorted(app_queues))}"
+        )
     if not chosen:
         raise InvalidArgument("this app has no tasks; register at least one with @app.task before running a worker")
     return tuple(sorted(chosen))
