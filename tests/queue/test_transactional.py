@@ -347,3 +347,52 @@ def test_a_job_enqueued_on_context_conn_exists_only_if_the_run_commits(
     spawn.enqueue()
     assert qdb.drain(app).succeeded == 2
     assert [row.args for row in job_rows(tables, jobs.c.task == "txn.next")] == ['{"source":2}']
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_child_enqueued_while_its_transactional_parent_runs_is_queued_when_it_succeeds(
+    qdb: QueueDatabase, tables: sa.Engine, mode: str
+) -> None:
+    """The parent's transaction settles its children at its end: it must see one enqueued after it began,
+    or (MySQL's REPEATABLE READ) clear the parent's flag with that child still waiting, for good."""
+    if qdb.family == "sqlite":
+        pytest.skip("SQLite's one write lock is held for the whole run: no job is enqueued meanwhile")
+    app = qdb.app()
+    started, release = threading.Event(), threading.Event()
+    count = sa.select(sa.func.count()).select_from(counters)
+
+    if mode == "sync":
+
+        @app.task(name="txn.parent", transactional=True)
+        def parent(context: dibs.JobContext) -> None:
+            context.conn.execute(count).scalar_one()  # the transaction's first read
+            started.set()
+            release.wait(10)
+
+    else:
+
+        @app.task(name="txn.parent", transactional=True)
+        async def parent(context: dibs.JobContext) -> None:
+            (await context.conn.execute(count)).scalar_one()
+            started.set()
+            await asyncio.to_thread(release.wait, 10)
+
+    @app.task(name="txn.child")
+    def child() -> str:
+        return "ran"
+
+    first = app.enqueue("txn.parent")
+    children = [child.enqueue(after=[first])]
+    worker = qdb.start(app)
+    try:
+        assert started.wait(10)
+        children.append(child.enqueue(after=[first]))  # while the parent's transaction is open
+        release.set()
+        wait_until(
+            lambda: [app.get(job.id).status for job in children] == ["succeeded", "succeeded"],
+            timeout=15,
+            what="both children to run",
+        )
+    finally:
+        release.set()
+        worker.stop()

@@ -50,13 +50,15 @@ class Backend(Protocol):
         ...
 
     def transaction(self, conn: Connection) -> AbstractContextManager[None]:
-        """The transaction a multi-statement claim runs in, opened and committed (or rolled back) here."""
+        """The transaction a multi-statement claim or a transactional job's run takes place in, at READ
+        COMMITTED where the database has levels, opened and committed (or rolled back) here."""
         ...
 
     def begin_writing(self, conn: Connection) -> None:
-        """In the transaction just begun on ``conn`` (an async connection's, through ``run_sync``), take the
-        write lock up front where the database has only one (SQLite), so that the transaction waits for it
-        at the start instead of failing at its first write; nothing elsewhere."""
+        """Set the transaction just begun on ``conn`` (an async connection's, through ``run_sync``) up as
+        :meth:`transaction` does: take the write lock up front where the database has only one (SQLite), so
+        that the transaction waits for it at the start instead of failing at its first write; READ COMMITTED
+        where the database has levels."""
 
     def writing(self, conn: Connection) -> AbstractContextManager[Any]:
         """A transaction of dibs's own that writes (an enqueue, a cancel), opened and committed here."""
@@ -223,9 +225,12 @@ class BackendDefaults:
     #: How a batch of rows is inserted where the driver returns a multi-row INSERT's ids.
     batch_insert_kind: type[ValuesInsert] = ValuesInsert
     async_driver: str | None = None
+    #: The statement that makes the transaction just begun READ COMMITTED, where the database has levels.
+    read_committed: str | None = None
 
     def begin_writing(self, conn: Connection) -> None:
-        return None
+        if self.read_committed is not None:
+            conn.exec_driver_sql(self.read_committed)
 
     def translate(self, exc: sa.exc.DBAPIError) -> Exception | None:
         return None

@@ -124,6 +124,7 @@ class MySQL(BackendDefaults):
 
     name = "mysql"
     async_driver: str | None = "asyncmy"
+    read_committed: str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
     atomic_statements = False
 
     def native_strategy(self, dialect: Dialect) -> ClaimStrategy:
@@ -156,7 +157,7 @@ class MySQL(BackendDefaults):
     def transaction(self, conn: Connection) -> AbstractContextManager[None]:
         # SET TRANSACTION applies to the next transaction only, so the caller's session keeps its own
         # isolation level for everything else it does.
-        level = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+        level = self.read_committed
         return explicit_transaction(conn, [level, "START TRANSACTION"], [level])
 
     def now(self) -> ColumnElement[datetime]:

@@ -120,6 +120,7 @@ class PostgreSQL(BackendDefaults):
 
     name = "postgresql"
     async_driver: str | None = "psycopg"
+    read_committed: str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
     atomic_statements = True
     partial_indexes = True
 
@@ -136,9 +137,7 @@ class PostgreSQL(BackendDefaults):
     def transaction(self, conn: Connection) -> AbstractContextManager[None]:
         # A claim that takes more than one statement runs at READ COMMITTED, whatever the session's level:
         # under REPEATABLE READ a row another worker just claimed makes FOR UPDATE fail instead of skipping.
-        return explicit_transaction(
-            conn, ["BEGIN ISOLATION LEVEL READ COMMITTED"], ["SET TRANSACTION ISOLATION LEVEL READ COMMITTED"]
-        )
+        return explicit_transaction(conn, ["BEGIN ISOLATION LEVEL READ COMMITTED"], [self.read_committed])
 
     def utc_value(self, moment: datetime) -> datetime:
         """In UTC with its time zone: dibs's DateTime columns hold time zones on PostgreSQL."""

@@ -123,7 +123,7 @@ def run_sync(
     """Run a sync function and complete its job in one transaction, in this thread; what the function
     raised is raised again once its writes are rolled back."""
     try:
-        with engine.connect() as conn, backend_for(engine.dialect).writing(conn):
+        with engine.connect() as conn, backend_for(engine.dialect).transaction(conn):
             context.opened(conn)
             text = _result(context, function(**kwargs))
             if not store.succeed_in(conn, lease, text):
