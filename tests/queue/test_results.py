@@ -7,7 +7,7 @@ import copy
 import pickle
 import threading
 import time
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -131,6 +131,22 @@ def test_a_result_that_cannot_be_kept_fails_the_job_and_stores_nothing(qdb: Queu
     assert (stored.last_error or "").startswith("InvalidArgument: the task")
     with pytest.raises(dibs.JobFailed):
         job.result(timeout=5)
+
+
+@pytest.mark.parametrize("timeout", ["5", -1, float("nan"), True])
+def test_a_bad_timeout_is_refused_before_anything_waits(qdb: QueueDatabase, timeout: Any) -> None:
+    app = qdb.app()
+    slow = app.task(name="math.slow")(lambda: None)
+    job = slow.enqueue()
+    with pytest.raises(dibs.InvalidArgument, match="timeout"):
+        job.result(timeout=timeout)
+    with pytest.raises(dibs.InvalidArgument, match="timeout"):
+        asyncio.run(job.aresult(timeout=timeout))
+    with pytest.raises(dibs.ResultTimeout):  # a timedelta is a timeout too; the job has not run
+        job.result(timeout=timedelta(milliseconds=50))
+    # No wait was left behind for the App's one waiter to keep looking for.
+    assert app._results is not None
+    assert app._results._waits == {}
 
 
 def test_many_waiters_share_one_thread(qdb: QueueDatabase) -> None:

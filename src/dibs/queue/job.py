@@ -11,7 +11,7 @@ from typing import Any
 
 from sqlalchemy.engine import Row
 
-from dibs._checks import checked_number, checked_text
+from dibs._checks import checked_number, checked_seconds, checked_text
 from dibs._errors import InvalidArgument
 from dibs.queue.results import Finished, ResultWaiter
 from dibs.schema import FINISHED, PROGRESS_MESSAGE_LIMIT, aware
@@ -131,14 +131,16 @@ class Job:
             JobFailed: The job died or was cancelled; the error carries its stored error.
             ResultTimeout: It had not finished in time; the job is left alone.
             JobNotFound: The job is gone (it was purged).
+            InvalidArgument: ``timeout`` is not a number of seconds (or a timedelta) of 0 or more.
 
         Example:
             >>> add.enqueue({"a": 1, "b": 2}).result(timeout=10)
             3
         """
+        seconds = _timeout(timeout)
         finished = self._finished()
         if finished is None:
-            finished = self._waiter().wait(self.id, timeout)
+            finished = self._waiter().wait(self.id, seconds)
         return finished.value()
 
     async def aresult(self, timeout: float | None = None) -> Any:
@@ -154,10 +156,12 @@ class Job:
             JobFailed: The job died or was cancelled; the error carries its stored error.
             ResultTimeout: It had not finished in time; the job is left alone.
             JobNotFound: The job is gone (it was purged).
+            InvalidArgument: ``timeout`` is not a number of seconds (or a timedelta) of 0 or more.
         """
+        seconds = _timeout(timeout)
         finished = self._finished()
         if finished is None:
-            finished = await self._waiter().await_finished(self.id, timeout)
+            finished = await self._waiter().await_finished(self.id, seconds)
         return finished.value()
 
     def _finished(self) -> Finished | None:
@@ -305,3 +309,8 @@ class JobContext:
             if self._event is not None:
                 self._event.set()
         return True
+
+
+def _timeout(timeout: object) -> float | None:
+    """A result wait's ``timeout`` in seconds (None: no limit), checked before anything waits."""
+    return None if timeout is None else checked_seconds(timeout, "timeout", zero=True)

@@ -175,10 +175,11 @@ class ResultWaiter:
             done.set()
 
         self._add(job_id, deliver)
-        if not done.wait(timeout):
-            self._drop(job_id, deliver)
-            if not found:
+        try:
+            if not done.wait(timeout) and not found:
                 raise _timed_out(job_id, timeout)
+        finally:
+            self._drop(job_id, deliver)  # a wait cut short by an error (Ctrl-C) too
         return found[0]
 
     async def await_finished(self, job_id: int, timeout: float | None) -> Finished:
