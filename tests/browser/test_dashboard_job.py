@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 import dibs
 from tests.browser.support import serve
 from tests.helpers import wait_until
@@ -54,5 +56,27 @@ def test_a_running_jobs_page_follows_its_progress_and_end_without_a_reload(expor
         # Finished: the page stops asking.
         assert page.locator("#job-live").get_attribute("hx-get") is None
         wait_until(lambda: page.locator('[data-action="delete"]').count() == 1, what="the finished job's actions")
+    finally:
+        served.stop()
+
+
+def test_deleting_a_finished_job_first_queues_the_jobs_still_waiting_for_it(export_app: dibs.App, page: Any) -> None:
+    """Children a parent gained while it ran are settled by upkeep after it; deleted before that, nothing
+    would ever queue them."""
+    export = export_app.tasks["shop.export"]
+    parent = export_app.enqueue(export, {})
+    where = {"queues": ["default"], "tasks": ["shop.export"], "tags": []}
+    [lease] = export_app.store.claim(export_app.engine, owner="w", lease_seconds=30, limit=1, **where)
+    child = export_app.enqueue(export, {}, after=[parent])  # while it runs
+    assert export_app.store.succeed(export_app.engine, [lease]) == []
+    assert export_app.get(child.id).status == "waiting"  # left for upkeep
+    served = serve(export_app)
+    try:
+        page.goto(f"{served.url}/jobs/{parent.id}")
+        page.click('[data-action="delete"]')
+        page.wait_for_load_state()
+        wait_until(lambda: export_app.get(child.id).status == "queued", what="the waiting child to be queued")
+        with pytest.raises(dibs.JobNotFound):
+            export_app.get(parent.id)
     finally:
         served.stop()

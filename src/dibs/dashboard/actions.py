@@ -17,6 +17,7 @@ from dibs.dashboard.state import Dashboard
 from dibs.dialects import backend_for
 from dibs.engine import writing
 from dibs.queue.app import App
+from dibs.queue.dependencies import forget_parents
 from dibs.schema import CANCELLED, DEAD, FINISHED, QUEUED, SCHEDULED, SUCCEEDED, jobs
 
 #: The most jobs one action on a filtered selection changes.
@@ -35,9 +36,15 @@ def _run_now(app: App, job_id: int) -> None:
 
 
 def _delete(app: App, job_id: int) -> None:
-    """A finished job is deleted (a live one is cancelled first)."""
+    """A finished job is deleted (a live one is cancelled first), with its links to the jobs it waited for.
+    The jobs waiting for it are settled first: once it is gone, nothing would queue (or cancel) them."""
+    app.store.settle_children(app.engine, [job_id])
     with writing(app.engine) as conn:
-        conn.execute(sa.delete(jobs).where(jobs.c.id == job_id, jobs.c.status.in_(FINISHED)))
+        deleted = conn.execute(
+            sa.delete(jobs).where(jobs.c.id == job_id, jobs.c.status.in_(FINISHED), jobs.c.has_children.is_(False))
+        ).rowcount
+        if deleted:
+            forget_parents(conn, [job_id])
 
 
 JOB_ACTIONS: dict[str, Callable[[App, int], object]] = {
