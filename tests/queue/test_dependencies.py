@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -80,6 +81,43 @@ def test_a_failed_parent_cancels_its_descendants_unless_they_run_anyway(qdb: Que
     with pytest.raises(dibs.JobFailed, match="is cancelled"):
         failing[-1].result(timeout=5)
     assert anyway.result(timeout=5) == 70
+
+
+def test_a_later_step_of_a_chain_or_a_groups_callback_may_run_anyway_after_a_failure(qdb: QueueDatabase) -> None:
+    app, ran = recording_app(qdb)
+    anyway = {"on_parent_failure": "run"}
+    chained = app.chain(Step("flow.fail"), Step("flow.step", {"n": 1}, anyway), Step("flow.step", {"n": 2}))
+    grouped = app.group([Step("flow.fail"), Step("flow.step", {"n": 3})], then=Step("flow.step", {"n": 4}, anyway))
+    qdb.drain(app)
+    assert chained[1].result(timeout=5) == 10  # its failed parent's result is None
+    assert chained[2].result(timeout=5) == 30
+    assert grouped[-1].result(timeout=5) == 70
+    assert ("step", 4, [None, 30]) in ran
+
+
+@pytest.mark.parametrize(
+    ("workflow", "message"),
+    [
+        (lambda app: app.chain(Step("flow.step", {"n": 1}), Step("flow.step", {"n": 2}, {"dedupe_key": "k"})),
+         "a step that waits for others .* cannot have a dedupe_key"),
+        (lambda app: app.group([Step("flow.step", {"n": 1})], then=Step("flow.step", {"n": 2}, {"dedupe_key": "k"})),
+         "a step that waits for others .* cannot have a dedupe_key"),
+        (lambda app: app.chain(Step("flow.step", {"n": 1}), Step("flow.step", {"n": 2}, {"on_parent_failure": "x"})),
+         "on_parent_failure must be 'cancel'"),
+        (lambda app: app.chain(Step("flow.step", {"n": 1}, {"on_parent_failure": "run"}), Step("flow.step", {"n": 2})),
+         "on_parent_failure applies to a job enqueued with after="),
+    ],
+    ids=["chain-dedupe", "callback-dedupe", "bad-policy", "policy-on-the-first-step"],
+)  # fmt: skip
+def test_a_workflow_step_with_options_that_do_not_fit_its_place_is_refused(
+    qdb: QueueDatabase, workflow: Callable[[dibs.App], object], message: str
+) -> None:
+    app, _ = recording_app(qdb)
+    holder = app.enqueue("flow.step", {"n": 0}, dedupe_key="k")  # a live job holding the key
+    with pytest.raises(dibs.InvalidArgument, match=message):
+        workflow(app)
+    assert job_count(qdb.engine) == 1
+    assert app.get(holder.id).status == "queued"
 
 
 def test_cancelling_a_waiting_parent_cancels_its_children(qdb: QueueDatabase) -> None:

@@ -173,13 +173,18 @@ def _parent_failure(policy: str | None, parents: tuple[int, ...], dedupe_key: st
         return None
     if dedupe_key is not None:
         raise InvalidArgument("a job enqueued with after= cannot have a dedupe_key; give one or the other")
+    return checked_parent_failure(policy)
+
+
+def checked_parent_failure(policy: object) -> str:
+    """An ``on_parent_failure`` policy (None: the default, cancel), if it is one."""
     chosen = CANCEL_ON_PARENT_FAILURE if policy is None else policy
     if chosen not in (CANCEL_ON_PARENT_FAILURE, RUN_ON_PARENT_FAILURE):
         raise InvalidArgument(
             f"on_parent_failure must be {CANCEL_ON_PARENT_FAILURE!r} (the job is cancelled when a job it waits "
             f"for dies or is cancelled) or {RUN_ON_PARENT_FAILURE!r} (it runs anyway), got {policy!r}"
         )
-    return chosen
+    return str(chosen)
 
 
 def checked_arguments(task: Task, arguments: Any) -> Mapping[str, Any]:

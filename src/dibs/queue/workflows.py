@@ -5,14 +5,14 @@ when given one."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import Connection
 
 from dibs._errors import InvalidArgument
-from dibs.queue.enqueue import NewJob, insert_jobs, waiting_for
+from dibs.queue.enqueue import NewJob, checked_parent_failure, insert_jobs, waiting_for
 from dibs.queue.job import Job
 from dibs.queue.producer import Enqueueing
 from dibs.queue.task import Task
@@ -63,7 +63,7 @@ class Workflows(Enqueueing):
             >>> last = app.chain(dibs.Step(fetch, {"url": url}), dibs.Step(parse))[-1]
             >>> last.result(timeout=30)
         """
-        validated = self._steps(steps)
+        validated = self._steps(steps, waiting=bool)  # every step but the first
         return self._write(conn, lambda connection: self._chain(connection, validated))
 
     async def achain(self, *steps: Step, conn: AsyncConnection | AsyncSession | None = None) -> list[Job]:
@@ -76,7 +76,7 @@ class Workflows(Enqueueing):
         Returns:
             The jobs as stored, in order.
         """
-        validated = self._steps(steps)
+        validated = self._steps(steps, waiting=bool)
         return await self._awrite(conn, lambda connection: self._chain(connection, validated))
 
     def group(
@@ -100,7 +100,7 @@ class Workflows(Enqueueing):
         Example:
             >>> jobs = app.group([dibs.Step(resize, {"size": s}) for s in (64, 128)], then=dibs.Step(publish))
         """
-        members, callback = self._steps(steps), None if then is None else self._steps([then])[0]
+        members, callback = self._workflow(steps, then)
         return self._write(conn, lambda connection: self._group(connection, members, callback))
 
     async def agroup(
@@ -116,18 +116,36 @@ class Workflows(Enqueueing):
         Returns:
             The jobs as stored: those of ``steps`` in order, then the callback's.
         """
-        members, callback = self._steps(steps), None if then is None else self._steps([then])[0]
+        members, callback = self._workflow(steps, then)
         return await self._awrite(conn, lambda connection: self._group(connection, members, callback))
 
-    def _steps(self, steps: Sequence[Step]) -> list[NewJob]:
+    def _workflow(self, steps: Sequence[Step], then: Step | None) -> tuple[list[NewJob], NewJob | None]:
+        """A group's checked members, which wait for nothing, and its callback, which waits for them."""
+        members = self._steps(steps, waiting=lambda _: False)
+        return members, None if then is None else self._steps([then], waiting=lambda _: True)[0]
+
+    def _steps(self, steps: Sequence[Step], *, waiting: Callable[[int], bool]) -> list[NewJob]:
+        """The checked steps; ``waiting(index)``: whether that step waits for others of the workflow."""
         if not steps or not all(isinstance(step, Step) for step in steps):
             raise InvalidArgument(f"a workflow takes one or more dibs.Step values, got {list(steps)!r}")
-        return [self._step(step) for step in steps]
+        return [self._step(step, waits=waiting(index)) for index, step in enumerate(steps)]
 
-    def _step(self, step: Step) -> NewJob:
-        batch = self._validated(step.task, [step.args], step.options)
+    def _step(self, step: Step, *, waits: bool) -> NewJob:
+        options = dict(step.options)
+        # The jobs a step waits for are known only as the workflow is inserted: its policy toward them is
+        # checked here, and applied by waiting_for().
+        policy = options.pop("on_parent_failure", None) if waits else None
+        if waits and options.get("dedupe_key") is not None:
+            raise InvalidArgument(
+                f"a step that waits for others (a chain's later step, a group's callback) cannot have a "
+                f"dedupe_key; got {options['dedupe_key']!r} for a {getattr(step.task, 'name', step.task)!r} step"
+            )
+        batch = self._validated(step.task, [step.args], options)
         assert batch is not None  # one argument set makes one job
-        return batch.first
+        if policy is None:
+            return batch.first
+        values = {**batch.first.values, "on_parent_failure": checked_parent_failure(policy)}
+        return NewJob(values=values, delay=batch.first.delay, run_at=batch.first.run_at, parents=batch.first.parents)
 
     def _chain(self, conn: Connection, steps: list[NewJob]) -> list[Job]:
         made: list[Job] = []
