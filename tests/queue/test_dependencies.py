@@ -120,6 +120,49 @@ def test_a_workflow_step_with_options_that_do_not_fit_its_place_is_refused(
     assert app.get(holder.id).status == "queued"
 
 
+def test_a_retried_child_waits_again_for_the_parents_not_finished(qdb: QueueDatabase) -> None:
+    app, ran = recording_app(qdb)
+    parent = app.enqueue("flow.step", {"n": 1})
+    child = app.enqueue("flow.step", {"n": 2}, after=[parent])
+    app.cancel(child.id)
+    retried = app.retry(child.id)
+    assert retried.status == app.get(child.id).status == "waiting"  # its parent has not run
+    qdb.drain(app)
+    assert ran == [("step", 1, []), ("step", 2, [10])]
+
+
+def test_a_chain_cancelled_by_a_failure_runs_in_order_once_its_steps_are_retried(qdb: QueueDatabase) -> None:
+    app, ran = recording_app(qdb)
+    tries: list[int] = []
+
+    @app.task(name="flow.flaky", max_attempts=1)
+    def flaky() -> int:
+        tries.append(1)
+        if len(tries) == 1:
+            raise RuntimeError("down the first time")
+        return 5
+
+    first, second = app.chain(Step("flow.flaky"), Step("flow.step", {"n": 1}))
+    qdb.drain(app)
+    assert (app.get(first.id).status, app.get(second.id).status) == ("dead", "cancelled")
+    assert app.retry(first.id).status == "queued"
+    assert app.retry(second.id).status == "waiting"
+    qdb.drain(app)
+    assert ran == [("step", 1, [5])]
+    assert app.get(second.id).result(timeout=5) == 15
+
+
+def test_a_retried_child_whose_parents_all_finished_is_queued(qdb: QueueDatabase) -> None:
+    app, ran = recording_app(qdb)
+    failing = app.enqueue("flow.fail")
+    child = app.enqueue("flow.step", {"n": 3}, after=[failing])
+    qdb.drain(app)
+    assert app.get(child.id).status == "cancelled"
+    assert app.retry(child.id).status == "queued"  # retried by hand: it runs, its dead parent's result None
+    qdb.drain(app)
+    assert ran[-1] == ("step", 3, [None])
+
+
 def test_cancelling_a_waiting_parent_cancels_its_children(qdb: QueueDatabase) -> None:
     app, _ = recording_app(qdb)
     parent = app.enqueue("flow.step", {"n": 1}, delay=3600)

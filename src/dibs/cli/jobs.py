@@ -91,7 +91,10 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
     echo_record(f"job {job.id}", fields, [("result", job.result_json), ("last error", job.last_error)])
 
 
-@jobs.command(help="Queue the dead or cancelled jobs IDS again, their attempts counted from zero.")
+@jobs.command(
+    help="Queue the dead or cancelled jobs IDS again, their attempts counted from zero (a job that waited for "
+    "others waits again for those not finished)."
+)
 @click.argument("ids", metavar="IDS...", nargs=-1, type=ROW_ID, required=True)
 @click.pass_context
 def retry(ctx: click.Context, ids: tuple[int, ...]) -> None:

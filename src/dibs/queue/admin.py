@@ -16,6 +16,7 @@ from dibs.dialects import backend_for
 from dibs.dialects.base import from_now
 from dibs.engine import connected, writing
 from dibs.queue.app_base import AppBase
+from dibs.queue.dependencies import wait_again
 from dibs.queue.job import Job
 from dibs.queue.registry import StrandedJobs, WorkerStatus, live_workers, stranded_jobs
 from dibs.queue.task import TASK_NAME_LIMIT
@@ -150,13 +151,14 @@ class Administering(AppBase):
         return self.get(job_id)
 
     def retry(self, job_id: int) -> Job:
-        """Queue a dead or cancelled job again, with its attempts counted from zero.
+        """Queue a dead or cancelled job again, with its attempts counted from zero. A job that waited for
+        others (``after=``, a chain's step, a group's callback) waits again for those not finished yet.
 
         Args:
             job_id: The job's id.
 
         Returns:
-            The job as queued again.
+            The job as queued (or waiting) again.
 
         Raises:
             InvalidArgument: The job is neither dead nor cancelled.
@@ -164,6 +166,7 @@ class Administering(AppBase):
             SchemaMissing: The database lacks the dibs tables (run ``dibs init``).
         """
         backend = backend_for(self.engine.dialect)
+        waits: list[bool] = []
         with self._tables():
             rows = claim(
                 self.engine,
@@ -176,9 +179,10 @@ class Administering(AppBase):
                     jobs.c.finished_at: None,
                     jobs.c.cancel_requested: False,
                 },
+                then=lambda conn, claimed: waits.extend(wait_again(conn, row.id) for row in claimed),
             )
         if rows:
-            return self._waited([Job.from_row(rows[0])])[0]
+            return self._waited([self.get(job_id) if any(waits) else Job.from_row(rows[0])])[0]
         job = self.get(job_id)
         raise InvalidArgument(f"job {job_id} is {job.status}; only dead or cancelled jobs can be retried")
 

@@ -91,6 +91,32 @@ def link(conn: Connection, children: Sequence[tuple[int, Sequence[int]]]) -> Non
     _count(conn, wanted, [child for child, _ in children])
 
 
+def wait_again(conn: Connection, child: int) -> bool:
+    """Make a job just queued again by a retry wait once more for those of its parents that have not
+    finished, in ``conn``'s transaction; True if it waits. Its edges are counted afresh: those of finished
+    (or purged) parents as settled, the others not, and those parents flagged. A parent finishing meanwhile
+    either saw the job not waiting (and left it) or is settled by upkeep through the flag set here: the
+    flag is set only where it is not, so this never waits on a parent that is finishing."""
+    edges = conn.execute(
+        sa.select(job_parents.c.parent_id, jobs.c.status)
+        .select_from(job_parents.outerjoin(jobs, jobs.c.id == job_parents.c.parent_id))
+        .where(job_parents.c.child_id == child)
+    ).all()
+    unfinished = sorted(parent for parent, status in edges if status is not None and status not in FINISHED)
+    if not edges:
+        return False
+    mine = job_parents.c.child_id == child
+    conn.execute(sa.update(job_parents).where(mine).values(settled=True))
+    if not unfinished:
+        return False
+    conn.execute(sa.update(job_parents).where(mine, job_parents.c.parent_id.in_(unfinished)).values(settled=False))
+    conn.execute(sa.update(jobs).where(jobs.c.id == child).values(status=WAITING, parents_left=len(unfinished)))
+    conn.execute(
+        sa.update(jobs).where(jobs.c.id.in_(unfinished), jobs.c.has_children.is_(False)).values(has_children=True)
+    )
+    return True
+
+
 def forget_parents(conn: Connection, children: Sequence[int]) -> None:
     """Delete the links of these (purged) jobs to the jobs they waited for; in ``conn``'s transaction."""
     for chunk in _chunks(children):
