@@ -122,9 +122,11 @@ def drain(app: App, **options: Any) -> list[Job]:
 
 
 def enqueued(app: App, task: Task | str | None = None) -> list[Job]:
-    """The jobs waiting to run (queued or scheduled), oldest first, of ``task`` or of every task."""
+    """The jobs waiting to run (queued, scheduled, or waiting for other jobs), oldest first, of ``task`` or
+    of every task."""
     name = None if task is None else app.task_named(task).name
-    return sorted(app.jobs(status=("queued", "scheduled"), limit=1_000_000, task=name), key=lambda job: job.id)
+    statuses = ("queued", "scheduled", "waiting")
+    return sorted(app.jobs(status=statuses, limit=1_000_000, task=name), key=lambda job: job.id)
 
 
 def assert_enqueued(app: App, task: Task | str, /, **args: Any) -> Job:
@@ -150,11 +152,12 @@ def _matches(actual: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
 
 @contextmanager
 def eager(app: App, **options: Any) -> Iterator[list[Job]]:
-    """Run each job as it is enqueued, in this process, until the block ends; yield the jobs that ran.
+    """Run each job as it is enqueued (``enqueue``, ``enqueue_many``, ``chain``, ``group``, and a task's
+    own ``enqueue``), in this process, until the block ends; yield the jobs that ran.
 
     A job enqueued in the caller's transaction (``conn=``) cannot run before that commits: it waits for the
-    next :func:`drain`, as it would for a worker. So does a job enqueued with ``aenqueue``: running it would
-    need a worker inside the caller's event loop.
+    next :func:`drain`, as it would for a worker. So does a job enqueued with ``aenqueue`` (or another
+    asyncio call): running it would need a worker inside the caller's event loop.
 
     Args:
         app: The app whose enqueues run eagerly.
@@ -167,17 +170,30 @@ def eager(app: App, **options: Any) -> Iterator[list[Job]]:
         'succeeded'
     """
     ran: list[Job] = []
-    enqueue = app.enqueue
+    depth = 0  # app.enqueue calls app.enqueue_many: only the outermost call runs the jobs
 
-    def enqueue_and_run(task: Task | str, args: Mapping[str, Any] | None = None, /, **kwargs: Any) -> Job:
-        job = enqueue(task, args, **kwargs)
-        if kwargs.get("conn") is None:
+    def running(name: str) -> Any:
+        enqueue = getattr(app, name)
+
+        def enqueue_and_run(*args: Any, **kwargs: Any) -> Any:
+            nonlocal depth
+            depth += 1
+            try:
+                made = enqueue(*args, **kwargs)
+            finally:
+                depth -= 1
+            if depth or kwargs.get("conn") is not None:
+                return made
             ran.extend(drain(app, **options))
-            return app.get(job.id)
-        return job
+            return app.get(made.id) if isinstance(made, Job) else [app.get(job.id) for job in made]
 
-    app.enqueue = enqueue_and_run  # type: ignore[method-assign]
+        return enqueue_and_run
+
+    names = ("enqueue", "enqueue_many", "chain", "group")
+    for name in names:
+        setattr(app, name, running(name))
     try:
         yield ran
     finally:
-        del app.enqueue
+        for name in names:
+            delattr(app, name)

@@ -97,6 +97,44 @@ def test_eager_runs_a_job_as_it_is_enqueued(project: pytest.Pytester) -> None:
     project.runpytest_subprocess("-q").assert_outcomes(passed=1)
 
 
+def test_eager_runs_batches_chains_and_groups_too(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_eager_all="""
+        import dibs
+        from dibs.testing import eager
+        import tasks
+
+        def test_it(dibs_app):
+            with eager(dibs_app) as ran:
+                batch = dibs_app.enqueue_many(tasks.add, [{"a": 1, "b": 1}, {"a": 2, "b": 2}])
+                assert [job.status for job in batch] == ["succeeded", "succeeded"]
+                chained = dibs_app.chain(dibs.Step(tasks.add, {"a": 3, "b": 3}), dibs.Step(tasks.add, {"a": 4, "b": 4}))
+                assert [job.result(timeout=5) for job in chained] == [6, 8]
+                then = dibs.Step(tasks.add, {"a": 6, "b": 6})
+                grouped = dibs_app.group([dibs.Step(tasks.add, {"a": 5, "b": 5})], then=then)
+                assert [job.status for job in grouped] == ["succeeded", "succeeded"]
+            assert tasks.ran == [(1, 1), (2, 2), (3, 3), (4, 4), (5, 5), (6, 6)]
+            assert len(ran) == 6
+        """
+    )
+    project.runpytest_subprocess("-q").assert_outcomes(passed=1)
+
+
+def test_assert_enqueued_finds_a_job_waiting_for_another(project: pytest.Pytester) -> None:
+    project.makepyfile(
+        test_waiting="""
+        from dibs.testing import assert_enqueued
+        import tasks
+
+        def test_it(dibs_app):
+            first = tasks.add.enqueue({"a": 1, "b": 1})
+            tasks.add.enqueue({"a": 2, "b": 2}, after=[first])
+            assert assert_enqueued(dibs_app, tasks.add, a=2).status == "waiting"
+        """
+    )
+    project.runpytest_subprocess("-q").assert_outcomes(passed=1)
+
+
 def test_the_database_option_points_the_fixtures_elsewhere(project: pytest.Pytester) -> None:
     url = f"sqlite:///{project.path / 'chosen.sqlite'}"
     project.makepyfile(
