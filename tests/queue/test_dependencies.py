@@ -6,7 +6,7 @@ import asyncio
 import threading
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import sqlalchemy as sa
@@ -181,9 +181,17 @@ def test_a_job_after_finished_parents_is_queued_at_once(qdb: QueueDatabase) -> N
     assert ran[-1] == ("step", 2, [10])
 
 
-def test_a_burst_runs_a_child_enqueued_while_its_parent_ran(qdb: QueueDatabase) -> None:
-    """The worker settles only the children a parent had when it was claimed; a burst must not end with a
-    later child waiting for a parent that finished."""
+class Gated(NamedTuple):
+    """An app whose task ``slow`` says it started, then runs on once ``gate`` is set, recording its ``n``."""
+
+    app: dibs.App
+    slow: dibs.Task
+    gate: threading.Event
+    started: threading.Event
+    done: list[int]
+
+
+def gated_app(qdb: QueueDatabase) -> Gated:
     app = qdb.app()
     gate, started = threading.Event(), threading.Event()
     done: list[int] = []
@@ -195,6 +203,13 @@ def test_a_burst_runs_a_child_enqueued_while_its_parent_ran(qdb: QueueDatabase) 
         done.append(n)
         return n
 
+    return Gated(app, slow, gate, started, done)
+
+
+def test_a_burst_runs_a_child_enqueued_while_its_parent_ran(qdb: QueueDatabase) -> None:
+    """The worker settles only the children a parent had when it was claimed; a burst must not end with a
+    later child waiting for a parent that finished."""
+    app, slow, gate, started, done = gated_app(qdb)
     parent = slow.enqueue({"n": 1})
     burst = qdb.start(app, burst=True)
     assert started.wait(10)
@@ -206,17 +221,7 @@ def test_a_burst_runs_a_child_enqueued_while_its_parent_ran(qdb: QueueDatabase) 
 
 
 def test_a_child_enqueued_while_its_parent_runs_is_settled_by_upkeep(qdb: QueueDatabase) -> None:
-    app = qdb.app()
-    gate, started = threading.Event(), threading.Event()
-    done: list[int] = []
-
-    @app.task(name="flow.slow")
-    def slow(n: int) -> int:
-        started.set()
-        gate.wait(10)
-        done.append(n)
-        return n
-
+    app, slow, gate, started, done = gated_app(qdb)
     parent = slow.enqueue({"n": 1})
     worker = qdb.start(app)
     try:
