@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy as sa
 
+import dibs
 from dibs import Outbox
 from dibs.schema import jobs, outbox
 from tests.acceptance.cli import APP, DIBS, add_events
@@ -157,6 +158,21 @@ def test_jobs_retry_checks_every_job_is_dead_or_cancelled_before_queueing_any(da
     assert attempt.returncode == 1
     assert f"job {succeeded} is succeeded; only dead or cancelled jobs can be retried" in attempt.stderr
     assert states(database, "dibs_jobs") == {"cancelled": 1, "succeeded": 1}  # the cancelled one not queued
+
+
+def test_jobs_retry_of_a_workflow_retries_the_parent_before_the_job_waiting_for_it(
+    database: str, tmp_path: Path
+) -> None:
+    assert run(database, tmp_path, "init").returncode == 0
+    app = dibs.App(database)
+    greet = app.task(name="greet")(lambda name: None)
+    parent = app.enqueue(greet, {"name": "first"})
+    child = app.enqueue(greet, {"name": "second"}, after=[parent])
+    app.cancel(parent.id)  # its child is cancelled with it
+    retried = run(database, tmp_path, "jobs", "retry", str(child.id), str(parent.id), str(child.id))
+    assert retried.returncode == 0, retried.stderr
+    assert retried.stdout.splitlines() == [f"job {parent.id}: queued", f"job {child.id}: waiting"]
+    app.engine.dispose()
 
 
 @pytest.mark.parametrize("command", [["jobs", "show"], ["jobs", "retry"], ["jobs", "cancel"], ["outbox", "show"],

@@ -12,6 +12,7 @@ import pytest
 import sqlalchemy as sa
 
 import dibs
+import dibs.queue.admin
 from dibs import Step
 from dibs.schema import tables
 from tests.helpers import wait_until
@@ -129,6 +130,40 @@ def test_a_retried_child_waits_again_for_the_parents_not_finished(qdb: QueueData
     assert retried.status == app.get(child.id).status == "waiting"  # its parent has not run
     qdb.drain(app)
     assert ran == [("step", 1, []), ("step", 2, [10])]
+
+
+def test_a_retry_counts_a_parent_that_finished_while_the_retry_was_open(
+    qdb: QueueDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The parent's worker records its success and settles its children while the retry's transaction is
+    open: it may not see the child waiting (PostgreSQL passes over a row being changed), so the retry
+    settles the parents it made the child wait for once more after it commits."""
+    app, ran = recording_app(qdb)
+    parent = app.enqueue("flow.step", {"n": 1})
+    child = app.enqueue("flow.step", {"n": 2}, after=[parent])
+    app.cancel(child.id)
+    where = {"queues": ["default"], "tasks": ["flow.step"], "tags": []}
+    [lease] = app.store.claim(app.engine, owner="w", lease_seconds=30, limit=1, **where)
+    finishers: list[threading.Thread] = []
+    wait_again = dibs.queue.admin.wait_again
+
+    def finish() -> None:
+        assert app.store.succeed(app.engine, [lease]) == []
+        app.store.settle_children(app.engine, [parent.id])
+
+    def parent_finishing_meanwhile(conn: sa.Connection, job_id: int) -> list[int]:
+        waited = wait_again(conn, job_id)
+        finishers.append(threading.Thread(target=finish))
+        finishers[0].start()
+        finishers[0].join(3)  # elsewhere it waits for the retry to commit
+        return waited
+
+    monkeypatch.setattr(dibs.queue.admin, "wait_again", parent_finishing_meanwhile)
+    app.retry(child.id)
+    finishers[0].join(30)
+    assert app.get(child.id).status == "queued"
+    qdb.drain(app)
+    assert ran == [("step", 2, [None])]  # the parent's success was written without a result
 
 
 def test_a_chain_cancelled_by_a_failure_runs_in_order_once_its_steps_are_retried(qdb: QueueDatabase) -> None:

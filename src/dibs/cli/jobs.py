@@ -99,6 +99,8 @@ def show(ctx: click.Context, job_id: int, as_json: bool) -> None:
 @click.pass_context
 def retry(ctx: click.Context, ids: tuple[int, ...]) -> None:
     app = open_app(ctx)
+    # Each once, oldest first: a job's parents are older than it, so a workflow retried whole runs in order.
+    ids = tuple(sorted(set(ids)))
     all_in(existing(ids, app.get), (DEAD, CANCELLED), "retried", "job")
     for job_id in ids:
         job = run(lambda job_id=job_id: app.retry(job_id))

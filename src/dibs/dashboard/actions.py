@@ -36,8 +36,8 @@ def _run_now(app: App, job_id: int) -> None:
 
 
 def _delete(app: App, job_id: int) -> None:
-    """A finished job is deleted (a live one is cancelled first), with its links to the jobs it waited for.
-    The jobs waiting for it are settled first: once it is gone, nothing would queue (or cancel) them."""
+    """A finished job is deleted, with its links to the jobs it waited for. The jobs waiting for it are
+    settled first: once it is gone, nothing would queue (or cancel) them."""
     app.store.settle_children(app.engine, [job_id])
     with writing(app.engine) as conn:
         deleted = conn.execute(
@@ -75,7 +75,8 @@ def _on_selection(app: App, action: str, chosen: JobFilter) -> int:
         "delete": (SUCCEEDED, DEAD, CANCELLED),
     }[action]
     ids = _selected(app, chosen, states)
-    for job_id in ids:
+    # Oldest first: a job's parents are older than it, so a workflow retried whole runs in its order.
+    for job_id in sorted(ids):
         JOB_ACTIONS[action](app, job_id)
     return len(ids)
 

@@ -50,7 +50,8 @@ class JobAdmin(admin.ModelAdmin):  # type: ignore[misc]
         import dibs
 
         app, count = _app(), 0
-        for job_id in queryset.values_list("id", flat=True):
+        # Oldest first: a job's parents are older than it, so a workflow retried whole runs in its order.
+        for job_id in queryset.order_by("id").values_list("id", flat=True):
             try:
                 act(app, job_id)
                 count += 1

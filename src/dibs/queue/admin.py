@@ -166,7 +166,7 @@ class Administering(AppBase):
             SchemaMissing: The database lacks the dibs tables (run ``dibs init``).
         """
         backend = backend_for(self.engine.dialect)
-        waits: list[bool] = []
+        parents: list[int] = []
         with self._tables():
             rows = claim(
                 self.engine,
@@ -179,10 +179,14 @@ class Administering(AppBase):
                     jobs.c.finished_at: None,
                     jobs.c.cancel_requested: False,
                 },
-                then=lambda conn, claimed: waits.extend(wait_again(conn, row.id) for row in claimed),
+                then=lambda conn, claimed: parents.extend(wait_again(conn, claimed[0].id)) if claimed else None,
             )
+        if rows and parents:
+            # Those that finished while the retry's transaction was open, counted now (idempotent).
+            self.store.settle_children(self.engine, parents)
+            return self._waited([self.get(job_id)])[0]
         if rows:
-            return self._waited([self.get(job_id) if any(waits) else Job.from_row(rows[0])])[0]
+            return self._waited([Job.from_row(rows[0])])[0]
         job = self.get(job_id)
         raise InvalidArgument(f"job {job_id} is {job.status}; only dead or cancelled jobs can be retried")
 

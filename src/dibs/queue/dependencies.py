@@ -91,12 +91,12 @@ def link(conn: Connection, children: Sequence[tuple[int, Sequence[int]]]) -> Non
     _count(conn, wanted, [child for child, _ in children])
 
 
-def wait_again(conn: Connection, child: int) -> bool:
+def wait_again(conn: Connection, child: int) -> list[int]:
     """Make a job just queued again by a retry wait once more for those of its parents that have not
-    finished, in ``conn``'s transaction; True if it waits. Its edges are counted afresh: those of finished
-    (or purged) parents as settled, the others not, and those parents flagged. A parent finishing meanwhile
-    either saw the job not waiting (and left it) or is settled by upkeep through the flag set here: the
-    flag is set only where it is not, so this never waits on a parent that is finishing."""
+    finished, in ``conn``'s transaction; returns them (none: it stays queued). Its edges are counted
+    afresh: those of finished (or purged) parents as settled, the others not, and those parents flagged
+    where they are not. A parent that finishes before this commits may not see the job waiting: the caller
+    settles these parents again once it has committed."""
     edges = conn.execute(
         sa.select(job_parents.c.parent_id, jobs.c.status)
         .select_from(job_parents.outerjoin(jobs, jobs.c.id == job_parents.c.parent_id))
@@ -104,17 +104,18 @@ def wait_again(conn: Connection, child: int) -> bool:
     ).all()
     unfinished = sorted(parent for parent, status in edges if status is not None and status not in FINISHED)
     if not edges:
-        return False
+        return []
     mine = job_parents.c.child_id == child
     conn.execute(sa.update(job_parents).where(mine).values(settled=True))
     if not unfinished:
-        return False
+        return []
     conn.execute(sa.update(job_parents).where(mine, job_parents.c.parent_id.in_(unfinished)).values(settled=False))
     conn.execute(sa.update(jobs).where(jobs.c.id == child).values(status=WAITING, parents_left=len(unfinished)))
+    # Only where unset: a parent whose flag is set may be finishing, and its row is then not waited for.
     conn.execute(
         sa.update(jobs).where(jobs.c.id.in_(unfinished), jobs.c.has_children.is_(False)).values(has_children=True)
     )
-    return True
+    return unfinished
 
 
 def forget_parents(conn: Connection, children: Sequence[int]) -> None:

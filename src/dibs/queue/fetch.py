@@ -222,11 +222,14 @@ class Fetcher:
                 if promoted:
                     return left._replace(queued=True)
             # Children enqueued while their parent ran, whose settling is left to upkeep: settled now, or
-            # the burst could end with them waiting for parents that finished.
+            # the burst could end with them waiting for parents that finished. Those settled may be of
+            # other queues, so what is left for this worker is looked at again.
             if not left.queued:
                 settled: int = await call(self.store.settle_unsettled, self.engine)
                 if settled:
-                    return left._replace(queued=True)
+                    left = await call(
+                        self.store.work_left, self.engine, settings.queues, self.task_names, settings.tags
+                    )
         except Exception as error:
             log.warning("could not check for remaining work: %s", error)
             return None
