@@ -58,6 +58,16 @@ def checked_integer(value: object, what: str, low: int, high: int | None = None)
     return value
 
 
+#: The largest id a row of a dibs table can have (a signed 64-bit integer).
+LARGEST_ID = 2**63 - 1
+
+
+def checked_id(value: object, what: str) -> int:
+    """A row id (a job's, an event's): a whole number from 1 to :data:`LARGEST_ID`; InvalidArgument
+    otherwise, before any database sees it (each would answer a wrong type differently)."""
+    return checked_integer(value, what, 1, LARGEST_ID)
+
+
 def checked_number(value: object, what: str, low: float, high: float, *, high_included: bool = True) -> float:
     """``value`` if it is an int or float (not a bool, not NaN) from ``low`` to ``high``; InvalidArgument
     otherwise."""

@@ -264,12 +264,28 @@ def claim_request(
     return ClaimRequest(
         table=resolved,
         where=_criteria(where),
-        values={column_of(resolved, key, "set").name: value for key, value in (values or {}).items()},
+        values=_changes(resolved, values),
         limit=count,
         order_by=ordering(resolved, order_by),
         delete=bool(delete),
         then=then,
     )
+
+
+def _changes(table: sa.Table, values: Mapping[Any, Any] | None) -> dict[str, Any]:
+    """What ``set=`` changes, by column name; the primary key is not among them: the claimed rows are read
+    back by it."""
+    if values is not None and not isinstance(values, Mapping):
+        raise InvalidArgument(f"set must be a mapping of column (or name) to value, such as {{'status': 'running'}}, "
+                              f"got {values!r}")  # fmt: skip
+    changes = {column_of(table, key, "set").name: value for key, value in (values or {}).items()}
+    keys = [name for name in changes if table.c[name].primary_key]
+    if keys:
+        raise InvalidArgument(
+            f"set changes the primary key ({', '.join(keys)}), by which the claimed rows are read back; "
+            "claim by another column, then change the key in then= or afterwards"
+        )
+    return changes
 
 
 def whole_number(limit: Any, name: str = "limit") -> int:
@@ -288,6 +304,8 @@ def _criteria(where: Criteria) -> ColumnElement[bool] | None:
         )
     if isinstance(where, ClauseElement):
         return sa.and_(where)
+    if not isinstance(where, Iterable):
+        raise InvalidArgument(f"where must be a SQL expression or a list of them, got {where!r}")
     parts = list(where)
     for part in parts:
         if not isinstance(part, ClauseElement):
@@ -297,6 +315,8 @@ def _criteria(where: Criteria) -> ColumnElement[bool] | None:
 
 def ordering(table: sa.Table, order_by: Ordering) -> tuple[ColumnElement[Any], ...]:
     single = isinstance(order_by, (str, ClauseElement)) or hasattr(order_by, "__clause_element__")
+    if not single and not isinstance(order_by, Iterable):
+        raise InvalidArgument(f"order_by must be a column name, a SQL expression or a list of them, got {order_by!r}")
     items: Iterable[Any] = [order_by] if single else order_by
     ordering: list[ColumnElement[Any]] = []
     for item in items:

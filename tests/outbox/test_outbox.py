@@ -474,6 +474,24 @@ def test_get_of_an_unknown_event_is_event_not_found(odb: OutboxDatabase) -> None
     assert outbox.status() == []
 
 
+@pytest.mark.parametrize("bad", ["1", 2**70, 0, 1.0, True])
+def test_an_event_id_of_the_wrong_kind_is_invalid_on_every_database(odb: OutboxDatabase, bad: Any) -> None:
+    outbox = odb.outbox()
+    outbox.add(outbox.engine, "order", "o-1", "order.placed", {})
+    with pytest.raises(dibs.InvalidArgument, match="an event id must be a whole number from 1 to"):
+        outbox.get(bad)
+    with pytest.raises(dibs.InvalidArgument, match="an event id must be a whole number"):
+        outbox.discard([bad])
+
+
+@pytest.mark.parametrize("call", ["requeue", "discard"])
+def test_one_event_id_given_where_a_list_is_expected_says_so(odb: OutboxDatabase, call: str) -> None:
+    outbox = odb.outbox()
+    event_id = outbox.add(outbox.engine, "order", "o-1", "order.placed", {})
+    with pytest.raises(dibs.InvalidArgument, match=rf"ids must be a list of event ids, got {event_id}; for one"):
+        getattr(outbox, call)(event_id)
+
+
 # -- by hand: requeue, discard, purge ---------------------------------------------------------------------
 
 

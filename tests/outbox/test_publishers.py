@@ -563,6 +563,9 @@ CLOSED = f"127.0.0.1:{CLOSED_PORT}"
         (f"nats://{CLOSED}?timeout=-1", "timeout="),
         ("nats://127.0.0.1:port", "nats://host:4222"),
         (f"amqp://{CLOSED}/?routing_key={{nope}}", "{nope}"),
+        (f"redis://{CLOSED}/0?stream={{aggregate_type", "is not a template"),
+        (f"nats://{CLOSED}?subject=a.{{", "is not a template"),
+        (f"amqp://{CLOSED}/?routing_key=}}x", "is not a template"),
         (f"amqp://{CLOSED}/?exchange=x&exchange_type=bogus", "topic"),
         (f"amqp://{CLOSED}/?exchange_type=topic", "exchange="),
         (f"amqp://{CLOSED}/?timeout=abc", "timeout="),
@@ -577,6 +580,16 @@ def test_bad_url_is_an_invalid_argument_before_any_io(url: str, says: str) -> No
     with pytest.raises(dibs.InvalidArgument) as raised:
         publisher_for(url)
     assert says in str(raised.value)
+
+
+def test_a_password_in_the_query_is_not_shown() -> None:
+    publisher = publisher_for(f"redis://{CLOSED}/0?stream=orders&password={PASSWORD}")
+    assert PASSWORD not in publisher.description
+    assert "password=***" in publisher.description
+    with pytest.raises(BrokerUnavailable) as raised:
+        run(publisher.connect())
+    assert PASSWORD not in str(raised.value)
+    run(publisher.close())
 
 
 @pytest.mark.parametrize(

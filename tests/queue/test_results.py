@@ -149,6 +149,16 @@ def test_a_bad_timeout_is_refused_before_anything_waits(qdb: QueueDatabase, time
     assert app._results._waits == {}
 
 
+@pytest.mark.parametrize("bad", ["1", 2**70, 0, True])
+def test_a_job_id_of_the_wrong_kind_is_invalid_on_every_database(qdb: QueueDatabase, bad: Any) -> None:
+    app = qdb.app()
+    task = app.task(name="math.any")(lambda: None)
+    task.enqueue()
+    for call in (app.get, app.cancel, app.retry):
+        with pytest.raises(dibs.InvalidArgument, match="a job id must be a whole number from 1 to"):
+            call(bad)
+
+
 def test_many_waiters_share_one_thread(qdb: QueueDatabase) -> None:
     app = qdb.app()
 

@@ -79,6 +79,26 @@ def test_where_as_a_string_or_a_non_expression(engine: sa.Engine, work: sa.Table
     assert ready_count(engine, work) == 3
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"where": True}, "where must be a SQL expression or a list of them, got True"),
+        ({"order_by": 5}, "order_by must be a column name, a SQL expression or a list of them, got 5"),
+        ({"order_by": None}, "order_by must be a column name, a SQL expression or a list of them, got None"),
+        ({"set": [("status", "running")]}, "set must be a mapping of column"),
+        ({"set": {"id": 99}}, r"set changes the primary key \(id\), by which the claimed rows are read back"),
+    ],
+    ids=["where-bool", "order-by-int", "order-by-none", "set-a-list", "set-the-key"],
+)
+def test_arguments_of_the_wrong_kind_are_invalid_and_claim_nothing(
+    engine: sa.Engine, work: sa.Table, options: dict[str, Any], message: str
+) -> None:
+    arguments = {"set": {"status": "running"}, **options}
+    with pytest.raises(dibs.InvalidArgument, match=message):
+        dibs.claim(engine, work, **arguments)
+    assert ready_count(engine, work) == 3
+
+
 def test_an_unknown_order_by_column(engine: sa.Engine, work: sa.Table) -> None:
     with pytest.raises(dibs.InvalidArgument, match="order_by names 'priorty'"):
         dibs.claim(engine, work, set={"status": "running"}, order_by="priorty")

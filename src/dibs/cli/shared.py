@@ -22,7 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 import dibs
-from dibs._checks import checked_seconds
+from dibs._checks import LARGEST_ID, checked_seconds
 from dibs._errors import InvalidArgument
 from dibs.outbox import Outbox
 from dibs.queue.app import App
@@ -192,7 +192,7 @@ def same_database(first: sa.URL, second: sa.URL) -> bool:
 
 
 #: A row id on the command line: the ids of every backend's tables are positive 64-bit integers.
-ROW_ID = click.IntRange(1, 2**63 - 1)
+ROW_ID = click.IntRange(1, LARGEST_ID)
 
 
 def all_in(found: Iterable[Any], states: tuple[str, ...], done: str, kind: str) -> None:

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from dibs._checks import checked_count, checked_integer, checked_seconds, checked_text
+from dibs._checks import checked_count, checked_id, checked_seconds, checked_text
 from dibs._errors import EventNotFound, InvalidArgument
 from dibs.dialects import backend_for
 from dibs.dialects.base import from_now
@@ -228,6 +228,7 @@ class Outbox(DibsDatabase):
 
     def get(self, event_id: int) -> OutboxEvent:
         """The event with this id; EventNotFound if there is none."""
+        event_id = _event_id(event_id)
         with self._tables(), connected(self.engine) as conn:
             row = conn.execute(sa.select(outbox).where(outbox.c.id == event_id)).first()
         if row is None:
@@ -317,7 +318,7 @@ class Outbox(DibsDatabase):
         )
         if target is not None:
             change = change.where(outbox.c.target == checked_text(target, "target", NAME_LIMITS["target"]))
-        chosen = None if ids is None else [_event_id(value) for value in ids]
+        chosen = None if ids is None else _event_ids(ids)
         if chosen is not None and not chosen:
             return 0
         with self._tables(), writing(self.engine) as conn:
@@ -345,7 +346,7 @@ class Outbox(DibsDatabase):
 
     def discard(self, ids: Iterable[int]) -> int:
         """Delete abandoned events for good (under ``block``, this lets their aggregates go on); returns how many."""
-        chosen = [_event_id(value) for value in ids]
+        chosen = _event_ids(ids)
         if not chosen:
             return 0
         with self._tables(), writing(self.engine) as conn:
@@ -378,4 +379,10 @@ def _states(status: str | Sequence[str]) -> list[str]:
 
 
 def _event_id(value: object) -> int:
-    return checked_integer(value, "an event id", 1)
+    return checked_id(value, "an event id")
+
+
+def _event_ids(ids: object) -> list[int]:
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Iterable):
+        raise InvalidArgument(f"ids must be a list of event ids, got {ids!r}; for one event, pass [{ids!r}]")
+    return [_event_id(value) for value in ids]

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import sqlalchemy as sa
 
-from dibs._checks import checked_count, checked_seconds, checked_text
+from dibs._checks import checked_count, checked_id, checked_seconds, checked_text
 from dibs._errors import InvalidArgument, JobNotFound
 from dibs.claim import claim
 from dibs.dialects import backend_for
@@ -73,6 +73,7 @@ class Administering(AppBase):
             JobNotFound: There is no such job (it may have been purged).
             SchemaMissing: The database lacks the dibs tables (run ``dibs init``).
         """
+        job_id = checked_id(job_id, "a job id")
         with self._tables(), connected(self.engine) as conn:
             row = conn.execute(sa.select(jobs).where(jobs.c.id == job_id)).first()
         if row is None:
@@ -132,6 +133,7 @@ class Administering(AppBase):
             JobNotFound: There is no such job.
             SchemaMissing: The database lacks the dibs tables (run ``dibs init``).
         """
+        job_id = checked_id(job_id, "a job id")
         backend = backend_for(self.engine.dialect)
         # Plain UPDATEs, which wait for a row another transaction holds, where a claim would skip it.
         waiting = (
@@ -165,6 +167,7 @@ class Administering(AppBase):
             JobNotFound: There is no such job.
             SchemaMissing: The database lacks the dibs tables (run ``dibs init``).
         """
+        job_id = checked_id(job_id, "a job id")
         backend = backend_for(self.engine.dialect)
         parents: list[int] = []
         with self._tables():

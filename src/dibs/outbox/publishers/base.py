@@ -108,7 +108,13 @@ class Template:
     """
 
     def __init__(self, text: str, what: str) -> None:
-        fields = [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+        try:
+            fields = [name for _, name, _, _ in string.Formatter().parse(text) if name is not None]
+        except ValueError as error:  # an unclosed or stray brace
+            raise InvalidArgument(
+                f"the {what} {text!r} is not a template ({error}); write a field as {{event_type}}, and a brace "
+                "itself as {{ or }}"
+            ) from error
         unknown = [name for name in fields if name not in TEMPLATE_FIELDS]
         if not text or unknown:
             raise InvalidArgument(
@@ -146,17 +152,26 @@ def split_options(url: str, ours: Mapping[str, str | None]) -> tuple[str, dict[s
     return urlunsplit(parts._replace(query=query)), options  # type: ignore[return-value]
 
 
+#: Query options whose values are secrets: brokers' clients take passwords and tokens there too.
+_SECRET_OPTION = re.compile(r"pass|pwd|token|secret|credential|auth|api_?key", re.IGNORECASE)
+
+
 def redacted(url: str) -> str:
-    """The URL with its password hidden, or its user when there is no password (NATS puts tokens there)."""
+    """The URL with its password hidden, or its user when there is no password (NATS puts tokens there), and
+    the values of query options that name a secret (``?password=``)."""
     parts = urlsplit(url)
+    query = parts.query
+    if query and _SECRET_OPTION.search(query):
+        options = parse_qsl(query, keep_blank_values=True)
+        query = "&".join(f"{name}={'***' if _SECRET_OPTION.search(name) else value}" for name, value in options)
     if parts.username is None and parts.password is None:
-        return url
+        return url if query == parts.query else urlunsplit(parts._replace(query=query))
     host = parts.hostname or ""
     with contextlib.suppress(ValueError):
         if parts.port is not None:
             host = f"{host}:{parts.port}"
     user = f"{parts.username}:***@" if parts.password is not None else "***@"
-    return urlunsplit(parts._replace(netloc=user + host))
+    return urlunsplit(parts._replace(netloc=user + host, query=query))
 
 
 def whole_option(options: Mapping[str, Any], name: str, url: str) -> int | None:
