@@ -484,6 +484,22 @@ def test_an_event_id_of_the_wrong_kind_is_invalid_on_every_database(odb: OutboxD
         outbox.discard([bad])
 
 
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda outbox: outbox.relay("stdout://", bogus=1), "the relay has no setting bogus; its settings are: target"),
+        (lambda outbox: outbox.events(status=5), "status must be an outbox event state or a list of them, got 5"),
+        (lambda outbox: outbox.add_many(outbox.engine, None), "add_many takes a list of event dicts, got None"),
+    ],
+    ids=["relay-setting", "events-status", "add-many-none"],
+)
+def test_arguments_of_the_wrong_kind_are_invalid(odb: OutboxDatabase, call: Any, message: str) -> None:
+    outbox = odb.outbox()
+    with pytest.raises(dibs.InvalidArgument, match=message):
+        call(outbox)
+    assert outbox.events() == []
+
+
 @pytest.mark.parametrize("call", ["requeue", "discard"])
 def test_one_event_id_given_where_a_list_is_expected_says_so(odb: OutboxDatabase, call: str) -> None:
     outbox = odb.outbox()

@@ -183,8 +183,8 @@ class Outbox(DibsDatabase):
         return await self._awrite(conn, self._checked(events))
 
     def _checked(self, events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        if isinstance(events, (Mapping, str, bytes)):
-            raise InvalidArgument("add_many takes a list of event dicts; for one event use add")
+        if isinstance(events, (Mapping, str, bytes)) or not isinstance(events, Iterable):
+            raise InvalidArgument(f"add_many takes a list of event dicts, got {events!r}; for one event use add")
         return [event_from(fields, self.max_payload_bytes) for fields in events]
 
     def _tables(self) -> AbstractContextManager[None]:
@@ -371,6 +371,8 @@ class Outbox(DibsDatabase):
 
 
 def _states(status: str | Sequence[str]) -> list[str]:
+    if not isinstance(status, (str, Iterable)):
+        raise InvalidArgument(f"status must be an outbox event state or a list of them, got {status!r}")
     wanted = [status] if isinstance(status, str) else list(status)
     unknown = set(wanted) - set(EVENT_STATES)
     if unknown or not wanted:

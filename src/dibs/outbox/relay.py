@@ -68,6 +68,10 @@ class Relay(Service[RelayStats]):
     def __init__(
         self, outbox: RelayOutbox, publisher: Publisher | str, settings: RelaySettings | None = None, **options: Any
     ) -> None:
+        unknown = sorted(set(options) - {field.name for field in dataclasses.fields(RelaySettings)})
+        if unknown:
+            known = ", ".join(field.name for field in dataclasses.fields(RelaySettings))
+            raise InvalidArgument(f"the relay has no setting {', '.join(unknown)}; its settings are: {known}")
         if settings is None:
             settings = RelaySettings(**options)
         elif options:
