@@ -4,13 +4,14 @@ the scheduler refuses, with errors that say what to do."""
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
+from datetime import timedelta, timezone
 from typing import Any
 
 import pytest
 import sqlalchemy as sa
 
 import dibs
+from dibs.schema import aware
 from tests.due.sources import Sources
 from tests.due.support import PLAIN_SOURCES, database_now, sources_table, storable
 
@@ -179,3 +180,19 @@ def test_bad_run_arguments_are_refused_and_nothing_is_claimed(sources: Sources) 
         scheduler.claim(sources.engine, owner="tester", limit="3")  # type: ignore[arg-type]
     row = sources.row(1)
     assert (row.lease_status, row.lease_token, row.run_count) == ("idle", 0, 0)
+
+
+def test_a_last_run_in_any_time_zone_is_stored_as_the_same_instant(sources: Sources) -> None:
+    """An aware time in UTC-5 ten minutes ago is not due under an hourly interval on any database: where the
+    column has no time zone it must be stored converted to UTC, not with its offset dropped."""
+    eastern = timezone(timedelta(hours=-5))
+    ten_minutes_ago = (sources.now() - timedelta(minutes=10)).astimezone(eastern)
+    sources.add({"id": 1, "last_run_at": ten_minutes_ago}, {"id": 2, "last_run_at": sources.ago(7200)})
+    scheduler = sources.scheduler(interval=3600)
+    assert [row.id for row in scheduler.due_rows(sources.engine)] == [2]
+    stored = aware(sources.row(1).last_run_at)
+    assert stored == ten_minutes_ago
+    with sources.engine.connect() as conn:  # a comparison with an aware time means the same instant too
+        table = sources.table
+        found = conn.execute(sa.select(table.c.id).where(table.c.last_run_at >= ten_minutes_ago)).scalars().all()
+    assert found == [1]

@@ -71,8 +71,9 @@ def python_order(
             element = element.element
         if not isinstance(element, sa.Column) or element.table is not request.table:
             return None
-        plain_text = text and isinstance(element.type, sa.String) and getattr(element.type, "collation", None) is None
-        if not (plain_text or isinstance(element.type, sortable)) or type(element.type) is sa.Interval:
+        kind = _stored_type(element.type)
+        plain_text = text and isinstance(kind, sa.String) and getattr(kind, "collation", None) is None
+        if not (plain_text or isinstance(kind, sortable)) or type(kind) is sa.Interval:
             return None
         if element.name in request.values or element.name not in returned:
             return None
@@ -80,6 +81,16 @@ def python_order(
             nulls_first = nulls_first_ascending != descending
         order.append(SortKey(returned.index(element.name), descending, nulls_first))
     return tuple(order)
+
+
+def _stored_type(kind: sa.types.TypeEngine[Any]) -> sa.types.TypeEngine[Any]:
+    """The type a column's values are read back as: a TypeDecorator that changes only what is bound
+    (``dibs.Timestamp``) reads as the type it decorates; one that changes what is read is its own."""
+    while isinstance(kind, sa.types.TypeDecorator):
+        if type(kind).process_result_value is not sa.types.TypeDecorator.process_result_value:
+            return kind
+        kind = kind.impl_instance
+    return kind
 
 
 def in_order(rows: list[Row[Any]], order: Sequence[SortKey]) -> list[Row[Any]]:

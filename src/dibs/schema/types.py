@@ -8,9 +8,24 @@ from typing import overload
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
-#: A point in time with microseconds on every backend: timestamptz on PostgreSQL, DATETIME(6) holding
-#: UTC on MySQL and MariaDB (plain DATETIME drops the fraction), ISO text in UTC on SQLite.
-Timestamp = sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+
+class _UtcTimestamp(sa.types.TypeDecorator[datetime]):
+    """A point in time with microseconds on every backend: timestamptz on PostgreSQL, DATETIME(6) holding
+    UTC on MySQL and MariaDB (plain DATETIME drops the fraction), ISO text in UTC on SQLite. An aware value
+    is bound as the same instant in UTC: where the column has no time zone, SQLAlchemy drops the offset
+    without converting, and 12:00+02:00 would be stored as 12:00 UTC. A naive value is taken as UTC."""
+
+    impl = sa.DateTime(timezone=True).with_variant(mysql.DATETIME(fsp=6), "mysql", "mariadb")
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: sa.Dialect) -> datetime | None:
+        if value is not None and value.tzinfo is not None and value.utcoffset():
+            return value.astimezone(timezone.utc)
+        return value
+
+
+#: A point in time with microseconds on every backend, stored in UTC (see _UtcTimestamp).
+Timestamp = _UtcTimestamp()
 
 
 @overload
