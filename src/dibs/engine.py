@@ -110,7 +110,7 @@ def _known_dialect(url: sa.URL) -> Any:
         return url.get_dialect()
     except sa.exc.NoSuchModuleError as exc:
         raise InvalidArgument(
-            f"{url.render_as_string(hide_password=True)!r} names a kind of database, {url.drivername!r}, that "
+            f"{shown_url(url)!r} names a kind of database, {url.drivername!r}, that "
             "SQLAlchemy does not know; write the URL as sqlite:///dibs.sqlite, "
             "postgresql+psycopg://user@host/database or mysql+pymysql://user@host/database "
             "(or install the SQLAlchemy dialect for it)"
@@ -173,11 +173,21 @@ def _has_password(url: str | sa.URL) -> bool:
     return isinstance(url, str) and _PASSWORD.search(url) is not None
 
 
+#: The value of a database URL's query option that names a secret: drivers take a password there too.
+_SECRET_IN_QUERY = re.compile(r"([?&][^=&]*(?:pass|pwd|token|secret|credential)[^=&]*=)[^&]*", re.IGNORECASE)
+
+
+def shown_url(url: sa.URL) -> str:
+    """A database URL as dibs shows it (a message, the dashboard): its password hidden, and the values of
+    query options that name a secret (``?password=``)."""
+    return _SECRET_IN_QUERY.sub(r"\1***", url.render_as_string(hide_password=True))
+
+
 def _redacted(url: str | sa.URL) -> str:
-    """The URL as an error shows it: its password hidden."""
+    """The URL as an error shows it: its password hidden, in the user part and in the query."""
     if isinstance(url, sa.URL):
-        return url.render_as_string(hide_password=True)
-    return _PASSWORD.sub(r"\1***@", url)
+        return shown_url(url)
+    return _SECRET_IN_QUERY.sub(r"\1***", _PASSWORD.sub(r"\1***@", url))
 
 
 @contextmanager

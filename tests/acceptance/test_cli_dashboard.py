@@ -9,8 +9,10 @@ import subprocess
 from pathlib import Path
 
 import httpx
+import pytest
 import sqlalchemy as sa
 
+from dibs.engine import shown_url
 from dibs.schema import metadata
 from tests.acceptance.cli import DIBS, ROOT
 from tests.acceptance.cli import dibs as run
@@ -61,11 +63,20 @@ def test_the_dashboard_command_refuses_a_malformed_basic_auth(tmp_path: Path) ->
     assert "--basic-auth takes USER:PASSWORD" in refused.stderr
 
 
+@pytest.fixture(params=["user", "query"])
+def where_the_password_is(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 def test_the_dashboard_command_says_which_database_it_serves_without_its_password(
-    tmp_path: Path, postgres_database: sa.URL
+    tmp_path: Path, postgres_database: sa.URL, where_the_password_is: str
 ) -> None:
+    # A password in the user part, or (libpq takes both) in the query.
     url = postgres_database if postgres_database.password else postgres_database.set(password="s3cret-pw")
-    database, password = url.render_as_string(hide_password=False), str(url.password)
+    if where_the_password_is == "query" and not postgres_database.password:
+        url = postgres_database.update_query_dict({"password": "s3cret-pw"})
+    password = str(url.password or url.query["password"])
+    database = url.render_as_string(hide_password=False)
     assert run(database, tmp_path, "init").returncode == 0
     port = _free_port()
     env = {**os.environ, "DIBS_DATABASE_URL": database}
@@ -77,8 +88,9 @@ def test_the_dashboard_command_says_which_database_it_serves_without_its_passwor
         wait_until(lambda: "dibs dashboard of" in log_path.read_text() or server.poll() is not None, timeout=30,
                    what="the dashboard to say what it serves")  # fmt: skip
         said = log_path.read_text()
-        assert f"dibs dashboard of {url.render_as_string(hide_password=True)} on http://127.0.0.1:{port}/" in said
+        assert f"dibs dashboard of {shown_url(url)} on http://127.0.0.1:{port}/" in said
         assert password not in said
+        assert "***" in said
     finally:
         server.terminate()
         server.wait(10)

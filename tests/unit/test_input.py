@@ -9,8 +9,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 
 import dibs
+from dibs.engine import shown_url
 
 DIBS = str(Path(sys.executable).with_name("dibs"))
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,6 +25,16 @@ def test_a_url_with_a_port_that_is_not_a_number_is_an_invalid_argument_without_t
             make(BAD_PORT)
         assert "s3cret-pw" not in str(caught.value)
         assert "shop:***@db.example:abc" in str(caught.value)
+
+
+def test_a_password_given_as_a_query_option_is_not_shown_either() -> None:
+    in_query = "postgresql+psycopg://shop@db.example:abc/shop?sslmode=require&password=s3cret-pw"
+    with pytest.raises(dibs.InvalidArgument, match="its port 'abc' is not a number") as caught:
+        dibs.create_engine(in_query)
+    assert "s3cret-pw" not in str(caught.value)
+    assert "?sslmode=require&password=***" in str(caught.value)
+    shown = shown_url(sa.make_url("mysql+pymysql://shop:pw1@db/shop?charset=utf8mb4&ssl_password=pw2"))
+    assert shown == "mysql+pymysql://shop:***@db/shop?charset=utf8mb4&ssl_password=***"
 
 
 @pytest.mark.parametrize("where", ["--db", "env"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from dibs.cli.shared import fail, open_app
+from dibs.engine import shown_url
 
 
 @click.command(
@@ -44,7 +45,7 @@ def dashboard(
             fail("--basic-auth takes USER:PASSWORD")
         auth = web.basic_auth(user, password)
     app = open_app(ctx)
-    where = app.engine.url.render_as_string(hide_password=True)
+    where = shown_url(app.engine.url)
     click.echo(f"dibs dashboard of {where} on http://{host}:{port}/{' (read-only)' if read_only else ''}")
     served = web.create_app(app, read_only=read_only, auth=auth)
     uvicorn.run(served, host=host, port=port, root_path=root_path, log_level="warning")

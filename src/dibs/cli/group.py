@@ -18,7 +18,7 @@ from dibs.cli.shared import DibsGroup, run
 from dibs.cli.sql import sql
 from dibs.cli.status import status
 from dibs.cli.worker import worker
-from dibs.engine import database_url
+from dibs.engine import database_url, shown_url
 from dibs.queue.app import App
 from dibs.schema import missing_tables
 
@@ -56,7 +56,7 @@ def init(ctx: click.Context) -> None:
     app: App = run(lambda: App(ctx.obj["db"]))
     gone = run(lambda: missing_tables(app.engine))
     applied = run(app.init)
-    where = app.engine.url.render_as_string(hide_password=True)
+    where = shown_url(app.engine.url)
     if applied:
         click.echo(f"applied migration(s) {', '.join(map(str, applied))} to {where}")
     if gone:

@@ -24,6 +24,7 @@ from rich.text import Text
 import dibs
 from dibs._checks import LARGEST_ID, checked_seconds
 from dibs._errors import InvalidArgument
+from dibs.engine import shown_url
 from dibs.outbox import Outbox
 from dibs.queue.app import App
 from dibs.schema import require_current
@@ -163,8 +164,8 @@ def _check_same_database(spec: str, app: App, ctx: click.Context) -> None:
         return
     named_by = "--db" if source is ParameterSource.COMMANDLINE else "$DIBS_DATABASE_URL"
     fail(
-        f"{spec} uses the database {own.render_as_string(hide_password=True)}, but {named_by} names "
-        f"{given.render_as_string(hide_password=True)}; pass the app's database, or leave {named_by} out, or "
+        f"{spec} uses the database {shown_url(own)}, but {named_by} names "
+        f"{shown_url(given)}; pass the app's database, or leave {named_by} out, or "
         "have the app take its database from the command by creating it without a URL (dibs.App())"
     )
 

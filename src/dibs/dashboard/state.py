@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse
 
 from dibs.dashboard.security import CSRF_COOKIE, CSRF_FIELD, csrf_token
+from dibs.engine import shown_url
 from dibs.outbox.outbox import Outbox
 from dibs.queue.app import App
 
@@ -35,7 +36,7 @@ class Dashboard:
             loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True, undefined=jinja2.StrictUndefined
         )
         #: The database, its password hidden.
-        self.database = app.engine.url.render_as_string(hide_password=True)
+        self.database = shown_url(app.engine.url)
 
     async def threads(self, function: Any, *args: Any) -> Any:
         """Run a blocking read or write off the event loop."""

@@ -7,7 +7,7 @@ from sqlalchemy.engine import Engine
 
 from dibs._errors import InvalidArgument
 from dibs.dialects.sqlite import private_to_each_connection
-from dibs.engine import checked_url, create_engine, database_url
+from dibs.engine import checked_url, create_engine, database_url, shown_url
 from dibs.schema.migrations import migrate
 
 
@@ -24,7 +24,7 @@ class DibsDatabase:
         if isinstance(db, Engine):
             self._engine: Engine | None = db
             #: The database's URL, its password hidden.
-            self.url = db.url.render_as_string(hide_password=True)
+            self.url = shown_url(db.url)
         else:
             self._engine = None
             self.url = database_url(db)
