@@ -173,21 +173,29 @@ def _has_password(url: str | sa.URL) -> bool:
     return isinstance(url, str) and _PASSWORD.search(url) is not None
 
 
-#: The value of a database URL's query option that names a secret: drivers take a password there too.
-_SECRET_IN_QUERY = re.compile(r"([?&][^=&]*(?:pass|pwd|token|secret|credential)[^=&]*=)[^&]*", re.IGNORECASE)
+#: The value of a URL's query option that names a secret: drivers and brokers' clients take passwords and
+#: tokens there too.
+_SECRET_IN_QUERY = re.compile(
+    r"([?&][^=&]*(?:pass|pwd|token|secret|credential|auth|api_?key)[^=&]*=)[^&]*", re.IGNORECASE
+)
+
+
+def query_secrets_hidden(url: str) -> str:
+    """``url`` with the values of its query options that name a secret (``?password=``) hidden."""
+    return _SECRET_IN_QUERY.sub(r"\1***", url)
 
 
 def shown_url(url: sa.URL) -> str:
-    """A database URL as dibs shows it (a message, the dashboard): its password hidden, and the values of
-    query options that name a secret (``?password=``)."""
-    return _SECRET_IN_QUERY.sub(r"\1***", url.render_as_string(hide_password=True))
+    """A database URL as dibs shows it (a message, the dashboard): its password hidden, in the user part
+    and in the query."""
+    return query_secrets_hidden(url.render_as_string(hide_password=True))
 
 
 def _redacted(url: str | sa.URL) -> str:
     """The URL as an error shows it: its password hidden, in the user part and in the query."""
     if isinstance(url, sa.URL):
         return shown_url(url)
-    return _SECRET_IN_QUERY.sub(r"\1***", _PASSWORD.sub(r"\1***@", url))
+    return query_secrets_hidden(_PASSWORD.sub(r"\1***@", url))
 
 
 @contextmanager

@@ -215,8 +215,12 @@ class Fetcher:
         waiting for its time) or running, scheduled ones whose time came and waiting ones whose parents
         finished queued first; None if the database could not say (logged)."""
         settings, call = self.settings, self.threads.call
+
+        def ours() -> WorkLeft:
+            return self.store.work_left(self.engine, settings.queues, self.task_names, settings.tags)
+
         try:
-            left = await call(self.store.work_left, self.engine, settings.queues, self.task_names, settings.tags)
+            left = await call(ours)
             if left.scheduled:
                 promoted: int = await call(self.store.promote_due, self.engine)
                 if promoted:
@@ -227,9 +231,7 @@ class Fetcher:
             if not left.queued:
                 settled: int = await call(self.store.settle_unsettled, self.engine)
                 if settled:
-                    left = await call(
-                        self.store.work_left, self.engine, settings.queues, self.task_names, settings.tags
-                    )
+                    left = await call(ours)
         except Exception as error:
             log.warning("could not check for remaining work: %s", error)
             return None

@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from dibs._errors import BrokerUnavailable, InvalidArgument
+from dibs.engine import query_secrets_hidden
 from dibs.outbox.events import OutboxEvent
 
 __all__ = [
@@ -152,26 +153,18 @@ def split_options(url: str, ours: Mapping[str, str | None]) -> tuple[str, dict[s
     return urlunsplit(parts._replace(query=query)), options  # type: ignore[return-value]
 
 
-#: Query options whose values are secrets: brokers' clients take passwords and tokens there too.
-_SECRET_OPTION = re.compile(r"pass|pwd|token|secret|credential|auth|api_?key", re.IGNORECASE)
-
-
 def redacted(url: str) -> str:
     """The URL with its password hidden, or its user when there is no password (NATS puts tokens there), and
     the values of query options that name a secret (``?password=``)."""
     parts = urlsplit(url)
-    query = parts.query
-    if query and _SECRET_OPTION.search(query):
-        options = parse_qsl(query, keep_blank_values=True)
-        query = "&".join(f"{name}={'***' if _SECRET_OPTION.search(name) else value}" for name, value in options)
     if parts.username is None and parts.password is None:
-        return url if query == parts.query else urlunsplit(parts._replace(query=query))
+        return query_secrets_hidden(url)
     host = parts.hostname or ""
     with contextlib.suppress(ValueError):
         if parts.port is not None:
             host = f"{host}:{parts.port}"
     user = f"{parts.username}:***@" if parts.password is not None else "***@"
-    return urlunsplit(parts._replace(netloc=user + host, query=query))
+    return query_secrets_hidden(urlunsplit(parts._replace(netloc=user + host)))
 
 
 def whole_option(options: Mapping[str, Any], name: str, url: str) -> int | None:
