@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
 import dataclasses
+import pickle
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -98,8 +100,9 @@ def test_enqueues_give_the_same_jobs_whether_or_not_someone_watches_the_engine(q
 
 
 def test_a_batchs_jobs_hold_the_arguments_stored_whatever_is_done_with_them(qdb: QueueDatabase) -> None:
-    # A batch's jobs decode their arguments from the JSON stored, all in one call: each job gets its own,
-    # whatever the caller does to the dicts it passed, and every way of reading a job sees them.
+    # A batch's jobs keep the JSON stored and decode it when first read: each job gets its own arguments,
+    # whatever the caller does to the dicts it passed, and every way of reading a job (copies and pickles
+    # made before anyone read them too) sees them.
     app, reindex = shop_app(qdb)
 
     @app.task(name="shop.ping")
@@ -110,7 +113,11 @@ def test_a_batchs_jobs_hold_the_arguments_stored_whatever_is_done_with_them(qdb:
     keyed = app.enqueue_many(reindex, args[:1] + args[2:])
     first, second, third = app.enqueue_many(ping, args)
     args[0]["note"] = "changed after the enqueue"
-    assert stored(qdb) == [*keyed, first, second, third]
+    unread = app.enqueue_many(ping, args[1:2])[0]
+    assert pickle.loads(pickle.dumps(unread)).args == {"shop": 2, "tags": ["a", "b"]}
+    assert copy.copy(unread).args == copy.deepcopy(unread).args == {"shop": 2, "tags": ["a", "b"]}
+    assert dataclasses.replace(app.enqueue_many(ping, args[1:2])[0], status="dead").args == unread.args
+    assert stored(qdb)[:5] == [*keyed, first, second, third]
     assert [job.args for job in keyed] == [{"shop": 1, "note": "ré ✓"}, {"shop": 3}]
     assert second.args == {"shop": 2, "tags": ["a", "b"]}  # as JSON keeps it
     twins = app.enqueue_many(ping, [args[2], args[2]])

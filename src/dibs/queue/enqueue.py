@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import repeat
@@ -47,10 +47,6 @@ _RUN_AT = "dibs_run_at"
 KEY_LIMIT = 200
 #: The JSON of job arguments: compact, ASCII only, and refusing NaN and infinities, which JSON has no words for.
 _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
-#: The standard decoder's scanner, in C: one call reads a JSON value that starts at an index (stored arguments,
-#: or a batch's joined into one array), where ``json.loads`` adds three Python calls around it that cost twice
-#: the reading of a job's few arguments. It leaves whitespace around the value, and any text after it, unread.
-SCAN_JSON: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
 def _unencodable(value: Any) -> Any:
