@@ -55,7 +55,7 @@ ON = {
 }
 MODES = {"raw-copy": ("batch",), "huey": ("one",)}
 DATABASE = os.environ.get("DIBS_BENCH_ENQUEUE_DATABASE", "dibs_bench_enqueue")
-PACKAGES = ("sqlalchemy", "psycopg", "pymysql", "pgqueuer", "asyncpg", "uvloop", "procrastinate", "huey")
+PACKAGES = ("sqlalchemy", "psycopg", "pymysql", "orjson", "pgqueuer", "asyncpg", "uvloop", "procrastinate", "huey")
 #: The issue's goals: dibs against a floor or a peer, at least this ratio.
 GOALS = [
     ("batch", "postgresql", "raw-copy", 0.5),

@@ -1,10 +1,13 @@
 """A job's arguments are stored as the JSON ``json.dumps`` gives, compact, byte for byte, and what it refuses
-(NaN, infinities, values JSON has no words for) is refused with the same advice."""
+(NaN, infinities, values JSON has no words for) is refused with the same advice: with orjson (the speedups
+extra, installed with dev) and without it."""
 
 from __future__ import annotations
 
+import enum
 import json
 import math
+import random
 import threading
 from datetime import date
 from decimal import Decimal
@@ -14,6 +17,7 @@ import pytest
 
 import dibs
 from dibs.dialects.batch import chunks
+from dibs.queue import arguments_json
 from dibs.queue.enqueue import encoded_args
 
 TRICKY: list[dict[str, Any]] = [
@@ -23,7 +27,36 @@ TRICKY: list[dict[str, Any]] = [
     {"ints": [0, -1, 2**63, -(2**64), 10**30], "bools": [True, False], "none": None},
     {"nested": {"a": [{"b": [[], {}, [1, [2, [3]]]]}]}, "quote": 'he said "hi"\\', "ctl": "\t\n\x00\x1f"},
     {"tuple": (1, 2), "surrogate": "\ud800"},
+    # Flat: what orjson may write, and the edges where it would not write what json.dumps does.
+    {"id": 7, "sku": "SKU-00042", "ok": True, "no": False, "none": None, "empty": ""},
+    {"ctl": "\x00\x01\x08\t\n\x0b\x0c\r\x1f", "quote": '"\\/', "del": "a\x7fb"},
+    {"accent": "café", "emoji": "\U0001f600", "ascii": "plain"},
+    {"edges": 2**63 - 1, "low": -(2**63), "u64": 2**64 - 1, "past": 2**64, "below": -(2**63) - 1},
+    {"kéy": 1},
+    {"float": 1e16},
 ]
+
+
+class Color(enum.IntEnum):
+    RED = 1
+
+
+class Text(str):
+    pass
+
+
+#: Flat arguments whose values or keys are subclasses: json.dumps writes them by their base type.
+SUBCLASSED: list[dict[str, Any]] = [{"color": Color.RED}, {"text": Text("x")}, {Text("key"): 1}]
+
+
+@pytest.fixture(params=["orjson", "standard"])
+def encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test runs with orjson where it is installed (dev installs it) and with the standard encoder alone."""
+    if request.param == "orjson" and arguments_json.FAST_DUMPS is None:
+        pytest.fail("orjson is not installed: the dev extra installs it (pip install -e '.[dev]')")
+    if request.param == "standard":
+        monkeypatch.setattr(arguments_json, "FAST_DUMPS", None)
+    return str(request.param)
 
 
 def _task() -> dibs.Task:
@@ -31,16 +64,67 @@ def _task() -> dibs.Task:
     return dibs.Task(app=None, function=lambda **_: None, name="t")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("args", TRICKY, ids=range(len(TRICKY)))
-def test_arguments_are_stored_as_json_dumps_writes_them(args: dict[str, Any]) -> None:
+@pytest.mark.parametrize("args", TRICKY + SUBCLASSED, ids=range(len(TRICKY) + len(SUBCLASSED)))
+def test_arguments_are_stored_as_json_dumps_writes_them(args: dict[str, Any], encoder: str) -> None:
     expected = json.dumps(args, allow_nan=False, separators=(",", ":"))
     assert encoded_args(_task(), args, 10**6) == expected
 
 
+def test_flat_arguments_of_any_characters_and_integers_are_stored_as_json_dumps_writes_them(encoder: str) -> None:
+    draw = random.Random(20261128)
+    # Every code point class at once: control characters, printable ASCII, DEL, Latin, CJK, astral.
+    points = [*range(0x80), 0xE9, 0x7FF, 0x800, 0x6771, 0xFFFF, 0x10000, 0x1F600, 0x10FFFF]
+    for _ in range(3000):
+        args: dict[str, Any] = {}
+        for _ in range(draw.randint(0, 6)):
+            name = "".join(chr(draw.choice(points[0x20:0x7F])) for _letter in range(draw.randint(1, 8)))
+            kind = draw.randrange(4)
+            if kind == 0:
+                args[name] = "".join(chr(draw.choice(points)) for _letter in range(draw.randint(0, 12)))
+            elif kind == 1:
+                args[name] = draw.choice(
+                    [0, 1, -1, 2**63 - 1, -(2**63), 2**64 - 1, 2**64, 10**30, draw.randint(-(10**12), 10**12)]
+                )
+            else:
+                args[name] = draw.choice([True, False, None])
+        assert encoded_args(_task(), args, 10**6) == json.dumps(args, allow_nan=False, separators=(",", ":"))
+
+
+def test_flat_arguments_of_text_and_integers_are_written_by_orjson_where_installed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fast = arguments_json.FAST_DUMPS
+    if fast is None:
+        pytest.fail("orjson is not installed: the dev extra installs it (pip install -e '.[dev]')")
+    seen: list[dict[str, Any]] = []
+
+    def watched(value: Any) -> bytes:
+        seen.append(value)
+        return fast(value)
+
+    monkeypatch.setattr(arguments_json, "FAST_DUMPS", watched)
+    flat = {"order": 1, "sku": "SKU-1", "gift": False, "note": None}
+    assert encoded_args(_task(), flat, 10**6) == '{"order":1,"sku":"SKU-1","gift":false,"note":null}'
+    assert seen == [flat]
+    for other in ({"price": 9.5}, {"ids": [1, 2]}, {"color": Color.RED}):
+        encoded_args(_task(), other, 10**6)
+    assert seen == [flat]  # floats, lists and subclasses never reach orjson
+
+
 @pytest.mark.parametrize(
-    "args", [{"x": math.nan}, {"x": [math.inf]}, {"when": date(2030, 1, 1)}, {"n": Decimal(1)}, {"s": {1, 2}}]
+    "args",
+    [
+        {"x": math.nan},
+        {"x": [math.inf]},
+        {"when": date(2030, 1, 1)},
+        {"n": Decimal(1)},
+        {"s": {1, 2}},
+        {"c": enum.Enum},
+    ],
 )
-def test_values_json_has_no_words_for_are_refused_as_json_dumps_refuses_them(args: dict[str, Any]) -> None:
+def test_values_json_has_no_words_for_are_refused_as_json_dumps_refuses_them(
+    args: dict[str, Any], encoder: str
+) -> None:
     with pytest.raises((TypeError, ValueError)) as plain:
         json.dumps(args, allow_nan=False, separators=(",", ":"))
     with pytest.raises(dibs.InvalidArgument, match=r"are not JSON .*turn other values") as refused:
@@ -85,7 +169,7 @@ def test_threads_encoding_the_same_arguments_at_once_all_get_their_json() -> Non
     assert results == [expected] * 400
 
 
-def test_the_size_limit_counts_bytes_of_the_json() -> None:
+def test_the_size_limit_counts_bytes_of_the_json(encoder: str) -> None:
     text = {"s": "é" * 10}  # escaped: 6 bytes each
     assert len(encoded_args(_task(), text, 68)) == 68
     with pytest.raises(dibs.InvalidArgument, match="take 68 bytes as JSON, over the limit of 67"):

@@ -8,13 +8,10 @@ has the key, else the live job is returned.
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import repeat
-from json.encoder import c_make_encoder, encode_basestring_ascii  # type: ignore[attr-defined]
 from typing import Any
 
 import sqlalchemy as sa
@@ -25,6 +22,7 @@ from dibs._errors import DibsError, InvalidArgument, UnknownQueue, UnknownTask
 from dibs.dialects import Backend, backend_for
 from dibs.dialects.base import resolve_times
 from dibs.dialects.inserts import Returning
+from dibs.queue.arguments_json import encode
 from dibs.queue.dependencies import link, parent_ids
 from dibs.queue.job import Job
 from dibs.queue.task import TASK_NAME_LIMIT, Task
@@ -45,37 +43,6 @@ CHANNEL = "dibs_jobs"
 _DELAY = "dibs_delay"
 _RUN_AT = "dibs_run_at"
 KEY_LIMIT = 200
-#: The JSON of job arguments: compact, ASCII only, and refusing NaN and infinities, which JSON has no words for.
-_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
-
-
-def _unencodable(value: Any) -> Any:
-    raise TypeError(f"Object of type {value.__class__.__name__} is not JSON serializable")
-
-
-#: Each thread's C encoder, with the table of what it is inside of (how it finds cycles): a shared table
-#: would show a thread the arguments another thread is encoding, as a cycle.
-_encoders = threading.local()
-
-
-def _encode(arguments: Mapping[str, Any]) -> str:
-    """_ENCODER.encode, on a C encoder made once per thread: JSONEncoder.encode makes one per call, which
-    cost as much as encoding a job's few arguments."""
-    if c_make_encoder is None:  # an interpreter without the C accelerator
-        return _ENCODER.encode(arguments)
-    made = getattr(_encoders, "made", None)
-    if made is None:
-        inside: dict[int, Any] = {}
-        encode = c_make_encoder(inside, _unencodable, encode_basestring_ascii, None, ":", ",", False, False, False)
-        made = _encoders.made = (inside, encode)
-    inside, encode = made
-    try:
-        return "".join(encode(arguments, 0))
-    except BaseException:
-        inside.clear()  # the encoder leaves in it what it was inside of when it failed
-        raise
-
-
 #: How many times a dedupe insert is tried when the live job it collided with finished before it was read.
 _DEDUPE_TRIES = 5
 
@@ -195,7 +162,7 @@ def checked_arguments(task: Task, arguments: Any) -> Mapping[str, Any]:
 def encoded_args(task: Task, arguments: Mapping[str, Any], max_args_bytes: int) -> str:
     """A job's arguments as JSON text, within the size limit."""
     try:
-        encoded = _encode(arguments)
+        encoded = encode(arguments)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(
             f"the arguments of a {task.name!r} job are not JSON ({exc}); pass only str, int, float, bool, "
