@@ -14,6 +14,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from dibs._errors import InvalidArgument
 from dibs.dialects import backend_for, backend_named
+from dibs.dialects.batch import paramstyle_refusal
 from dibs.dialects.transactions import checked_out
 
 if TYPE_CHECKING:
@@ -53,6 +54,7 @@ def create_engine(url: str | sa.URL, **options: Any) -> Engine:
         engine = sa.create_engine(checked, **backend_named(checked.get_backend_name()).engine_options(options))
     except ImportError as exc:
         raise _missing_driver(checked, exc) from exc
+    checked_paramstyle(engine)
     backend_for(engine.dialect).configure(engine, options)
     return engine
 
@@ -79,8 +81,17 @@ def create_async_engine(url: str | sa.URL, **options: Any) -> AsyncEngine:
         engine = create(checked, **backend_named(checked.get_backend_name()).engine_options(options))
     except ImportError as exc:
         raise _missing_driver(checked, exc) from exc
+    checked_paramstyle(engine.sync_engine)
     backend_for(engine.dialect).configure(engine.sync_engine, options)
     return engine
+
+
+def checked_paramstyle(engine: Engine) -> None:
+    """InvalidArgument, the engine disposed of, if dibs cannot write its statements in its paramstyle."""
+    refusal = paramstyle_refusal(engine.dialect)
+    if refusal is not None:
+        engine.dispose()
+        raise InvalidArgument(refusal)
 
 
 def checked_url(url: str | sa.URL) -> sa.URL:

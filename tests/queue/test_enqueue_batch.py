@@ -277,6 +277,25 @@ def test_a_batch_enqueues_on_an_engine_of_any_paramstyle_the_driver_takes(qdb: Q
         engine.dispose()
 
 
+def test_an_engine_binding_numbered_parameters_is_refused_before_anything_is_written(qdb: QueueDatabase) -> None:
+    # SQLAlchemy numbers some of its own statements' parameters out of the driver's order, and the batch
+    # INSERT is written by position: refused where the engine is made or given, not a KeyError later.
+    if qdb.family != "sqlite":
+        pytest.skip("pysqlite is the driver that takes numbered parameters")
+    refused = r"'numeric' paramstyle, which dibs does not write its statements in; make it without paramstyle="
+    with pytest.raises(dibs.InvalidArgument, match=refused):
+        dibs.create_engine(qdb.url, paramstyle="numeric")
+    theirs = sa.create_engine(qdb.url, paramstyle="numeric")
+    try:
+        with pytest.raises(dibs.InvalidArgument, match=refused):
+            dibs.App(theirs)
+        with pytest.raises(dibs.InvalidArgument, match=refused):
+            dibs.Outbox(theirs)
+    finally:
+        theirs.dispose()
+    assert job_count(qdb.engine) == 0
+
+
 def test_a_batch_some_of_whose_rows_a_trigger_leaves_out_fails_and_keeps_nothing(qdb: QueueDatabase) -> None:
     # The returned ids are matched to the jobs by order: with rows missing, no job's id can be trusted.
     if qdb.family == "mariadb":

@@ -211,6 +211,22 @@ _ROWS = "dibs_rows"
 _MARKS = {"qmark": "?", "named": "?", "format": "%s", "pyformat": "%s"}
 
 
+def paramstyle_refusal(dialect: sa.Dialect) -> str | None:
+    """Why dibs cannot run its statements on an engine of this dialect's paramstyle, or None if it can.
+
+    The numbered styles (``numeric``, ``numeric_dollar``) are refused: SQLAlchemy numbers the parameters
+    of some of its own statements out of the order the driver binds them in, and dibs's batch INSERTs
+    are written by position."""
+    style = dialect.paramstyle
+    if style in _MARKS:
+        return None
+    return (
+        f"the engine binds parameters in the {style!r} paramstyle, which dibs does not write its statements in; "
+        f"make it without paramstyle= (the driver's default, {dialect.loaded_dbapi.paramstyle!r}), or with "
+        f"{', '.join(map(repr, _MARKS))} where the driver takes it"
+    )
+
+
 class SelectedValuesInsert(ValuesInsert):
     """``INSERT ... SELECT <shared>, column1, ... FROM (VALUES (?), (?), ...) RETURNING id``: the shared
     values bound once per statement and each row binding only its own. On SQLite, binding a row's dozen
