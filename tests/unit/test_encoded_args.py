@@ -59,6 +59,10 @@ def encoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
     return str(request.param)
 
 
+def _text(args: Any) -> str:
+    return encoded_args(_task(), args, 10**6)[0]
+
+
 def _task() -> dibs.Task:
     # encoded_args reads only the task's name: no app or database is needed.
     return dibs.Task(app=None, function=lambda **_: None, name="t")  # type: ignore[arg-type]
@@ -67,7 +71,7 @@ def _task() -> dibs.Task:
 @pytest.mark.parametrize("args", TRICKY + SUBCLASSED, ids=range(len(TRICKY) + len(SUBCLASSED)))
 def test_arguments_are_stored_as_json_dumps_writes_them(args: dict[str, Any], encoder: str) -> None:
     expected = json.dumps(args, allow_nan=False, separators=(",", ":"))
-    assert encoded_args(_task(), args, 10**6) == expected
+    assert _text(args) == expected
 
 
 def test_flat_arguments_of_any_characters_and_integers_are_stored_as_json_dumps_writes_them(encoder: str) -> None:
@@ -87,7 +91,28 @@ def test_flat_arguments_of_any_characters_and_integers_are_stored_as_json_dumps_
                 )
             else:
                 args[name] = draw.choice([True, False, None])
-        assert encoded_args(_task(), args, 10**6) == json.dumps(args, allow_nan=False, separators=(",", ":"))
+        text, decoded = encoded_args(_task(), args, 10**6)
+        assert text == json.dumps(args, allow_nan=False, separators=(",", ":"))
+        assert decoded == json.loads(text)
+
+
+@pytest.mark.parametrize("args", TRICKY + SUBCLASSED, ids=range(len(TRICKY) + len(SUBCLASSED)))
+def test_arguments_come_with_what_their_json_decodes_to_where_a_copy_of_them_is_that(args: dict[str, Any]) -> None:
+    # The jobs an enqueue returns hold a copy of flat arguments of plain values instead of their JSON
+    # decoded: only where the two are equal, of the same types, and the copy is not the caller's dict.
+    text, decoded = encoded_args(_task(), args, 10**6)
+    flat = all(type(name) is str for name in args) and all(
+        type(value) in (str, int, bool, type(None)) for value in args.values()
+    )
+    if not flat:
+        assert decoded is None
+        return
+    assert decoded is not None
+    assert decoded is not args
+    assert decoded == json.loads(text)
+    assert [(type(name), type(value)) for name, value in decoded.items()] == [
+        (type(name), type(value)) for name, value in json.loads(text).items()
+    ]
 
 
 def test_flat_arguments_of_text_and_integers_are_written_by_orjson_where_installed(
@@ -104,7 +129,7 @@ def test_flat_arguments_of_text_and_integers_are_written_by_orjson_where_install
 
     monkeypatch.setattr(arguments_json, "FAST_DUMPS", watched)
     flat = {"order": 1, "sku": "SKU-1", "gift": False, "note": None}
-    assert encoded_args(_task(), flat, 10**6) == '{"order":1,"sku":"SKU-1","gift":false,"note":null}'
+    assert _text(flat) == '{"order":1,"sku":"SKU-1","gift":false,"note":null}'
     assert seen == [flat]
     for other in ({"price": 9.5}, {"ids": [1, 2]}, {"color": Color.RED}):
         encoded_args(_task(), other, 10**6)
@@ -148,7 +173,7 @@ def test_arguments_that_contain_themselves_are_refused_at_once() -> None:
     with pytest.raises(dibs.InvalidArgument, match="not JSON serializable"):
         encoded_args(_task(), unencodable, 10**6)
     unencodable["b"].pop()
-    assert encoded_args(_task(), unencodable, 10**6) == '{"a":{"n":1},"b":[{"n":1}]}'
+    assert _text(unencodable) == '{"a":{"n":1},"b":[{"n":1}]}'
 
 
 def test_threads_encoding_the_same_arguments_at_once_all_get_their_json() -> None:
@@ -159,7 +184,7 @@ def test_threads_encoding_the_same_arguments_at_once_all_get_their_json() -> Non
 
     def encode() -> None:
         start.wait()
-        results.extend(encoded_args(_task(), shared, 10**6) for _ in range(50))
+        results.extend(_text(shared) for _ in range(50))
 
     threads = [threading.Thread(target=encode) for _ in range(8)]
     for thread in threads:
@@ -171,7 +196,7 @@ def test_threads_encoding_the_same_arguments_at_once_all_get_their_json() -> Non
 
 def test_the_size_limit_counts_bytes_of_the_json(encoder: str) -> None:
     text = {"s": "é" * 10}  # escaped: 6 bytes each
-    assert len(encoded_args(_task(), text, 68)) == 68
+    assert len(encoded_args(_task(), text, 68)[0]) == 68
     with pytest.raises(dibs.InvalidArgument, match="take 68 bytes as JSON, over the limit of 67"):
         encoded_args(_task(), text, 67)
 

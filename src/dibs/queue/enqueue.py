@@ -22,7 +22,7 @@ from dibs._errors import DibsError, InvalidArgument, UnknownQueue, UnknownTask
 from dibs.dialects import Backend, backend_for
 from dibs.dialects.base import resolve_times
 from dibs.dialects.inserts import Returning
-from dibs.queue.arguments_json import encode
+from dibs.queue.arguments_json import encoded
 from dibs.queue.dependencies import link, parent_ids
 from dibs.queue.job import Job
 from dibs.queue.task import TASK_NAME_LIMIT, Task
@@ -56,6 +56,8 @@ class NewJob:
     run_at: datetime | None
     #: The jobs it waits for (``after=``), in order.
     parents: tuple[int, ...] = ()
+    #: Its arguments as their JSON decodes, where known without decoding it (see :mod:`.arguments_json`).
+    decoded: dict[str, Any] | None = None
 
 
 def new_job(
@@ -77,7 +79,7 @@ def new_job(
 ) -> NewJob:
     """Check every option of one job; InvalidArgument saying what to change for the first bad one."""
     arguments = task.dumped(checked_arguments(task, {} if args is None else args))
-    encoded = encoded_args(task, arguments, max_args_bytes)
+    text, decoded = encoded_args(task, arguments, max_args_bytes)
     chosen_queue = task.queue if queue is None else checked_name(queue, "queue")
     if queue is not None and chosen_queue not in known_queues:
         raise UnknownQueue(
@@ -104,7 +106,7 @@ def new_job(
     values = {
         "task": task.name,
         "queue": chosen_queue,
-        "args": encoded,
+        "args": text,
         "priority": task.priority if priority is None else checked_priority(priority),
         # A job that must wait is scheduled; the queue moves it to queued when its time comes on the
         # database clock, so the claim never reads jobs that are not runnable yet.
@@ -117,7 +119,7 @@ def new_job(
         "on_parent_failure": policy,
         "headers": None,  # the enqueuer's trace context, set as the job is inserted inside a trace
     }
-    return NewJob(values=values, delay=seconds, run_at=when, parents=parents)
+    return NewJob(values=values, delay=seconds, run_at=when, parents=parents, decoded=decoded)
 
 
 def waiting_for(new: NewJob, parents: Sequence[int]) -> NewJob:
@@ -159,23 +161,24 @@ def checked_arguments(task: Task, arguments: Any) -> Mapping[str, Any]:
     return arguments
 
 
-def encoded_args(task: Task, arguments: Mapping[str, Any], max_args_bytes: int) -> str:
-    """A job's arguments as JSON text, within the size limit."""
+def encoded_args(task: Task, arguments: Mapping[str, Any], max_args_bytes: int) -> tuple[str, dict[str, Any] | None]:
+    """A job's arguments as JSON text, within the size limit, and what the text decodes to where that is
+    known without decoding it (see :func:`~dibs.queue.arguments_json.encoded`)."""
     try:
-        encoded = encode(arguments)
+        text, decoded = encoded(arguments)
     except (TypeError, ValueError) as exc:
         raise InvalidArgument(
             f"the arguments of a {task.name!r} job are not JSON ({exc}); pass only str, int, float, bool, "
             "None, lists and dicts, and turn other values (dates, ids, objects) into one of those first"
         ) from exc
     # The encoder escapes every non-ASCII character, so the text has as many bytes as characters.
-    size = len(encoded)
+    size = len(text)
     if size > max_args_bytes:
         raise InvalidArgument(
             f"the arguments of a {task.name!r} job take {size:,} bytes as JSON, over the limit of "
             f"{max_args_bytes:,}; store large data elsewhere and pass its id, or raise App(max_args_bytes=)"
         )
-    return encoded
+    return text, decoded
 
 
 def insert_jobs(conn: Connection, new: Sequence[NewJob], notify_channel: str | None) -> list[Job]:

@@ -19,8 +19,9 @@ from typing import Any
 
 from dibs.lease import Lease
 from dibs.metrics import Metrics
+from dibs.queue.arguments_json import SCAN_JSON
 from dibs.queue.fetch import ClaimedJobs
-from dibs.queue.job import SCAN_JSON, JobContext
+from dibs.queue.job import JobContext
 from dibs.queue.progress import ProgressWrites
 from dibs.queue.store import ARGS_AT, ATTEMPTS_AT, HAS_PARENTS_AT, HEADERS_AT, ID_AT, QUEUE_AT, TASK_AT
 from dibs.queue.task import Task

@@ -16,32 +16,6 @@ from dibs._errors import InvalidArgument
 from dibs.queue.results import Finished, ResultWaiter
 from dibs.schema import FINISHED, PROGRESS_MESSAGE_LIMIT, aware
 
-#: The standard decoder's scanner, in C: one call reads a JSON value that starts at an index, where
-#: ``json.loads`` adds three Python calls around it that cost twice the reading of a job's few arguments.
-#: It leaves whitespace around the value, and any text after it, unread.
-SCAN_JSON: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
-
-
-class _Arguments:
-    """A job's ``args``: a job an enqueue returns keeps the JSON text it stored until they are first read.
-
-    Most callers of ``enqueue_many`` never read the arguments back, and decoding them cost a batch about a
-    microsecond a job (a tenth of its enqueue on SQLite).
-    """
-
-    def __get__(self, job: Job | None, owner: type[Job] | None = None) -> dict[str, Any]:
-        if job is None:
-            raise AttributeError("args")  # so that the dataclass field has no default
-        values = job.__dict__
-        args = values["args"]
-        if type(args) is str:
-            # Two threads reading at once each decode it; either's equal dict is kept.
-            args = values["args"] = SCAN_JSON(args, 0)[0]
-        return args  # type: ignore[no-any-return]
-
-    def __set__(self, job: Job, args: dict[str, Any]) -> None:
-        job.__dict__["args"] = args
-
 
 @dataclass(frozen=True, kw_only=True)
 class Job:
@@ -83,7 +57,7 @@ class Job:
     id: int
     task: str
     queue: str
-    args: dict[str, Any] = _Arguments()  # type: ignore[assignment]
+    args: dict[str, Any]
     priority: int
     status: str
     run_at: datetime
