@@ -285,8 +285,9 @@ def test_a_batch_enqueues_on_an_engine_of_any_paramstyle_the_driver_takes(qdb: Q
 
 
 def test_an_engine_binding_numbered_parameters_is_refused_before_anything_is_written(qdb: QueueDatabase) -> None:
-    # SQLAlchemy numbers some of its own statements' parameters out of the driver's order, and the batch
-    # INSERT is written by position: refused where the engine is made or given, not a KeyError later.
+    # SQLAlchemy numbers some of its own statements' parameters out of the driver's order, and a batch's
+    # multi-row INSERT is written by position: refused where the engine is made or given, and where a
+    # caller's connection of one is used, not a KeyError later.
     if qdb.family != "sqlite":
         pytest.skip("pysqlite is the driver that takes numbered parameters")
     refused = r"'numeric' paramstyle, which dibs does not write its statements in; make it without paramstyle="
@@ -298,9 +299,31 @@ def test_an_engine_binding_numbered_parameters_is_refused_before_anything_is_wri
             dibs.App(theirs)
         with pytest.raises(dibs.InvalidArgument, match=refused):
             dibs.Outbox(theirs)
+        app, reindex = shop_app(qdb)
+        with theirs.connect() as conn, pytest.raises(dibs.InvalidArgument, match=refused):
+            app.enqueue_many(reindex, [{"shop": 1}, {"shop": 2}], conn=conn)
     finally:
         theirs.dispose()
     assert job_count(qdb.engine) == 0
+
+
+def test_asyncpgs_numbered_parameters_are_taken(qdb: QueueDatabase) -> None:
+    # asyncpg binds $1, $2, ...: a PostgreSQL batch is one statement SQLAlchemy compiles in any style.
+    if qdb.family != "postgresql":
+        pytest.skip("asyncpg is a PostgreSQL driver")
+    app, reindex = shop_app(qdb)
+
+    async def enqueue() -> list[Job]:
+        engine = dibs.create_async_engine(with_driver(qdb.url, "postgresql+asyncpg"))
+        try:
+            assert engine.dialect.paramstyle == "numeric_dollar"
+            async with engine.begin() as conn:
+                return await app.aenqueue_many(reindex, [{"shop": n} for n in range(MANY)], conn=conn)
+        finally:
+            await engine.dispose()
+
+    assert [job.args for job in asyncio.run(enqueue())] == [{"shop": n} for n in range(MANY)]
+    assert job_count(qdb.engine) == MANY
 
 
 def test_a_batch_some_of_whose_rows_a_trigger_leaves_out_fails_and_keeps_nothing(qdb: QueueDatabase) -> None:

@@ -22,6 +22,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import ColumnElement
 
+from dibs._errors import InvalidArgument
 from dibs.dialects import driver
 
 #: The largest statement of a batch, by rows and by the bytes of its differing text values.
@@ -130,6 +131,9 @@ class ValuesInsert:
 
     def _prepare(self, conn: Connection) -> Any:
         if self._compiled is None:
+            refusal = paramstyle_refusal(conn.dialect)
+            if refusal is not None:  # a caller's connection of such an engine (conn=, a Session)
+                raise InvalidArgument(refusal)
             compiled = self._one_row.compile(dialect=conn.dialect)
             sql, self._names = _positional(compiled, conn.dialect.paramstyle)
             self._parts = self._split(sql, conn.dialect.paramstyle)
@@ -214,11 +218,12 @@ _MARKS = {"qmark": "?", "named": "?", "format": "%s", "pyformat": "%s"}
 def paramstyle_refusal(dialect: sa.Dialect) -> str | None:
     """Why dibs cannot run its statements on an engine of this dialect's paramstyle, or None if it can.
 
-    The numbered styles (``numeric``, ``numeric_dollar``) are refused: SQLAlchemy numbers the parameters
-    of some of its own statements out of the order the driver binds them in, and dibs's batch INSERTs
-    are written by position."""
+    ``numeric`` (``:1``, which pysqlite takes when asked for it) is refused: SQLAlchemy numbers the
+    parameters of some of its own statements out of the order the driver binds them in, and the multi-row
+    INSERTs of a batch (:class:`ValuesInsert`) are written in the marks of the other styles. PostgreSQL's
+    ``numeric_dollar`` (asyncpg's ``$1``) works: its batches are one statement SQLAlchemy compiles."""
     style = dialect.paramstyle
-    if style in _MARKS:
+    if style != "numeric" and (style in _MARKS or dialect.name == "postgresql"):
         return None
     return (
         f"the engine binds parameters in the {style!r} paramstyle, which dibs does not write its statements in; "
