@@ -58,26 +58,25 @@ def encoded(arguments: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
     """The JSON text of a job's arguments and, for a flat dict of plain values, a copy of them (what the
     text decodes to; None for other arguments); TypeError or ValueError, as ``json.dumps`` raises them,
     for arguments JSON cannot hold."""
-    if (
-        type(arguments) is dict
-        and _PLAIN.issuperset(map(type, arguments.values()))
-        and _NAMES.issuperset(map(type, arguments))
-    ):
-        return _plain_text(arguments), dict(arguments)
-    return standard_encode(arguments), None
+    if type(arguments) is not dict or not _PLAIN.issuperset(map(type, arguments.values())):
+        return standard_encode(arguments), None
+    fast = _orjson_text(arguments)
+    if fast is not None:  # orjson takes names of exactly str only
+        return fast, dict(arguments)
+    plain = _NAMES.issuperset(map(type, arguments))
+    return standard_encode(arguments), dict(arguments) if plain else None
 
 
-def _plain_text(arguments: dict[str, Any]) -> str:
-    if FAST_DUMPS is not None:
-        try:
-            fast = FAST_DUMPS(arguments)
-        except TypeError:  # an integer beyond 64 bits
-            pass
-        else:
-            # Printable ASCII only: the standard encoder would have escaped nothing orjson left as it was.
-            if fast.isascii() and b"\x7f" not in fast:
-                return fast.decode()
-    return standard_encode(arguments)
+def _orjson_text(arguments: dict[str, Any]) -> str | None:
+    """orjson's JSON of flat plain arguments, where it is what the standard encoder would write."""
+    if FAST_DUMPS is None:
+        return None
+    try:
+        fast = FAST_DUMPS(arguments)
+    except TypeError:  # a name that is not exactly a str, an integer beyond 64 bits
+        return None
+    # Printable ASCII only: the standard encoder would have escaped nothing orjson left as it was.
+    return fast.decode() if fast.isascii() and b"\x7f" not in fast else None
 
 
 def standard_encode(arguments: Mapping[str, Any]) -> str:
