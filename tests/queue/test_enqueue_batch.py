@@ -302,9 +302,14 @@ def test_an_engine_binding_numbered_parameters_is_refused_before_anything_is_wri
         app, reindex = shop_app(qdb)
         with theirs.connect() as conn, pytest.raises(dibs.InvalidArgument, match=refused):
             app.enqueue_many(reindex, [{"shop": 1}, {"shop": 2}], conn=conn)
+        app.enqueue_many(reindex, [{"shop": 1}, {"shop": 2}])
+        # A claim on such an engine bound its parameters in the wrong places and claimed nothing, silently.
+        for strategy in (None, "portable"):
+            with pytest.raises(dibs.InvalidArgument, match=refused):
+                dibs.claim(theirs, jobs, where=jobs.c.id != 1, delete=True, order_by=[jobs.c.id], strategy=strategy)
     finally:
         theirs.dispose()
-    assert job_count(qdb.engine) == 0
+    assert job_count(qdb.engine) == 2
 
 
 def test_asyncpgs_numbered_parameters_are_taken(qdb: QueueDatabase) -> None:

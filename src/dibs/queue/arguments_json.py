@@ -5,8 +5,8 @@ Most jobs' arguments are a flat dict of plain values: names and values of exactl
 Such arguments come back from their JSON as an equal dict of the same types, so a copy of them stands for
 the text decoded, for the jobs an enqueue returns, at a tenth of the decoding's cost. Where orjson is
 installed (the ``speedups`` extra) their text is written by orjson, five times faster than the standard
-encoder; orjson writes those values exactly as the standard encoder does, except for characters outside
-printable ASCII, which it does not escape: an output holding any is made again by the standard encoder.
+encoder; orjson writes those values exactly as the standard encoder does, except for non-ASCII characters
+and DEL, which it leaves unescaped: an output holding any is made again by the standard encoder.
 Every other value (floats, lists, nested dicts, subclasses, anything JSON has no words for) goes to the
 standard library's C encoder, made once per thread (``json.dumps`` makes one per call, which costs as much
 as encoding a job's few arguments), so the text and the errors never depend on what is installed.
