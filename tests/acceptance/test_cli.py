@@ -14,6 +14,23 @@ import sqlalchemy as sa
 from tests.acceptance.cli import APP, DIBS, ROOT, dibs
 
 
+def test_enqueue_with_a_dedupe_key_a_live_job_holds_says_nothing_was_enqueued(database: str, tmp_path: Path) -> None:
+    assert dibs(database, tmp_path, "init").returncode == 0
+    first = dibs(database, tmp_path, "enqueue", APP, "greet", '{"name": "ada"}', "--dedupe-key", "welcome-ada")
+    assert first.returncode == 0, first.stderr
+    job_id = first.stdout.split()[2]
+    assert first.stdout.startswith(f"enqueued job {job_id} (")
+    again = dibs(database, tmp_path, "enqueue", APP, "greet", '{"name": "ada"}', "--dedupe-key", "welcome-ada")
+    assert again.returncode == 0, again.stderr
+    assert f"job {job_id} (" in again.stdout
+    assert "already holds dedupe key 'welcome-ada': nothing enqueued; it is queued" in again.stdout
+    other = dibs(database, tmp_path, "enqueue", APP, "greet", '{"name": "bo"}', "--dedupe-key", "welcome-bo")
+    assert other.stdout.startswith("enqueued job ")
+    refused = dibs(database, tmp_path, "enqueue", APP, "greet", '{"name": "x"}', "--dedupe-key", "k" * 201)
+    assert refused.returncode == 1
+    assert "dedupe_key must be a string of 1 to 200 characters" in refused.stderr
+
+
 def test_init_enqueue_work_and_inspect(database: str, tmp_path: Path) -> None:
     first = dibs(database, tmp_path, "init")
     assert first.returncode == 0, first.stderr
