@@ -80,3 +80,20 @@ def test_deleting_a_finished_job_first_queues_the_jobs_still_waiting_for_it(expo
             export_app.get(parent.id)
     finally:
         served.stop()
+
+
+def test_deleting_a_job_retried_since_its_page_was_shown_keeps_it_and_says_why(export_app: dibs.App, page: Any) -> None:
+    job = export_app.enqueue(export_app.tasks["shop.export"], {})
+    export_app.cancel(job.id)
+    served = serve(export_app)
+    try:
+        page.goto(f"{served.url}/jobs/{job.id}")
+        export_app.retry(job.id)  # queued again while the page still offers Delete
+        page.click('[data-action="delete"]')
+        page.wait_for_load_state()
+        alert = page.locator("p.error[role=alert]")
+        alert.wait_for(timeout=10_000)
+        assert f"job {job.id} was not deleted: it is queued now" in alert.inner_text()
+        assert export_app.get(job.id).status == "queued"
+    finally:
+        served.stop()

@@ -10,7 +10,7 @@ import sqlalchemy as sa
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 
-from dibs._errors import DibsError
+from dibs._errors import DibsError, InvalidArgument, JobNotFound
 from dibs.dashboard.reads import JobFilter
 from dibs.dashboard.security import CSRF_FIELD, csrf_valid
 from dibs.dashboard.state import Dashboard
@@ -37,7 +37,9 @@ def _run_now(app: App, job_id: int) -> None:
 
 def _delete(app: App, job_id: int) -> None:
     """A finished job is deleted, with its links to the jobs it waited for. The jobs waiting for it are
-    settled first: once it is gone, nothing would queue (or cancel) them."""
+    settled first: once it is gone, nothing would queue (or cancel) them. InvalidArgument, saying why, for a
+    job left as it is: no longer finished (retried since the page was shown), or one that a job enqueued
+    since then waits for."""
     app.store.settle_children(app.engine, [job_id])
     with writing(app.engine) as conn:
         deleted = conn.execute(
@@ -45,6 +47,13 @@ def _delete(app: App, job_id: int) -> None:
         ).rowcount
         if deleted:
             forget_parents(conn, [job_id])
+            return
+    try:
+        status = app.get(job_id).status
+    except JobNotFound:
+        return  # deleted meanwhile, by another page or a purge
+    why = "a job enqueued after it waits for it" if status in FINISHED else f"it is {status} now"
+    raise InvalidArgument(f"job {job_id} was not deleted: {why}; a finished job no job waits for can be")
 
 
 JOB_ACTIONS: dict[str, Callable[[App, int], object]] = {
@@ -75,9 +84,20 @@ def _on_selection(app: App, action: str, chosen: JobFilter) -> int:
         "delete": (SUCCEEDED, DEAD, CANCELLED),
     }[action]
     ids = _selected(app, chosen, states)
+    kept = 0
     # Oldest first: a job's parents are older than it, so a workflow retried whole runs in its order.
     for job_id in sorted(ids):
-        JOB_ACTIONS[action](app, job_id)
+        try:
+            JOB_ACTIONS[action](app, job_id)
+        except InvalidArgument:
+            if action != "delete":
+                raise
+            kept += 1  # changed since it was selected: the others are still deleted
+    if kept:
+        raise InvalidArgument(
+            f"deleted {len(ids) - kept} of {len(ids)} jobs; {kept} were kept: retried since, or waited for by "
+            "a job enqueued since"
+        )
     return len(ids)
 
 
