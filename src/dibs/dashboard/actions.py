@@ -95,8 +95,8 @@ def _on_selection(app: App, action: str, chosen: JobFilter) -> int:
             kept += 1  # changed since it was selected: the others are still deleted
     if kept:
         raise InvalidArgument(
-            f"deleted {len(ids) - kept} of {len(ids)} jobs; {kept} were kept: retried since, or waited for by "
-            "a job enqueued since"
+            f"deleted {len(ids) - kept} of {len(ids)} jobs; kept {kept} that changed meanwhile (retried, or "
+            "waited for by a job enqueued since)"
         )
     return len(ids)
 
