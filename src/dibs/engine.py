@@ -14,7 +14,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from dibs._errors import InvalidArgument
 from dibs.dialects import backend_for, backend_named
-from dibs.dialects.batch import paramstyle_refusal
+from dibs.dialects.batch import check_paramstyle
 from dibs.dialects.transactions import checked_out
 
 if TYPE_CHECKING:
@@ -88,10 +88,11 @@ def create_async_engine(url: str | sa.URL, **options: Any) -> AsyncEngine:
 
 def checked_paramstyle(engine: Engine) -> None:
     """InvalidArgument, the engine disposed of, if dibs cannot write its statements in its paramstyle."""
-    refusal = paramstyle_refusal(engine.dialect)
-    if refusal is not None:
+    try:
+        check_paramstyle(engine.dialect)
+    except InvalidArgument:
         engine.dispose()
-        raise InvalidArgument(refusal)
+        raise
 
 
 def checked_url(url: str | sa.URL) -> sa.URL:

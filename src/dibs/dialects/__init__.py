@@ -87,11 +87,9 @@ def strategy_for(dialect: Dialect, name: str | None = None) -> ClaimStrategy:
 
 
 def _choose(dialect: Dialect, name: str | None) -> ClaimStrategy:
-    from dibs.dialects.batch import paramstyle_refusal  # batch builds on this package
+    from dibs.dialects.batch import check_paramstyle  # batch builds on this package
 
-    refusal = paramstyle_refusal(dialect)
-    if refusal is not None:  # an engine of the caller's, given to dibs.claim or Leases
-        raise InvalidArgument(refusal)
+    check_paramstyle(dialect)  # an engine of the caller's, given to dibs.claim or Leases
     backend = backend_for(dialect)
     if name is None:
         return backend.native_strategy(dialect)

@@ -131,9 +131,7 @@ class ValuesInsert:
 
     def _prepare(self, conn: Connection) -> Any:
         if self._compiled is None:
-            refusal = paramstyle_refusal(conn.dialect)
-            if refusal is not None:  # a caller's connection of such an engine (conn=, a Session)
-                raise InvalidArgument(refusal)
+            check_paramstyle(conn.dialect)  # a caller's connection of such an engine (conn=, a Session)
             compiled = self._one_row.compile(dialect=conn.dialect)
             sql, self._names = _positional(compiled, conn.dialect.paramstyle)
             self._parts = self._split(sql, conn.dialect.paramstyle)
@@ -215,8 +213,8 @@ _ROWS = "dibs_rows"
 _MARKS = {"qmark": "?", "named": "?", "format": "%s", "pyformat": "%s"}
 
 
-def paramstyle_refusal(dialect: sa.Dialect) -> str | None:
-    """Why dibs cannot run its statements on an engine of this dialect's paramstyle, or None if it can.
+def check_paramstyle(dialect: sa.Dialect) -> None:
+    """InvalidArgument, saying what to change, if dibs cannot run its statements in the dialect's paramstyle.
 
     ``numeric`` (``:1``, which pysqlite takes when asked for it) is refused: SQLAlchemy numbers the
     parameters of some of its own statements out of the order the driver binds them in, and the multi-row
@@ -224,8 +222,8 @@ def paramstyle_refusal(dialect: sa.Dialect) -> str | None:
     ``numeric_dollar`` (asyncpg's ``$1``) works: its batches are one statement SQLAlchemy compiles."""
     style = dialect.paramstyle
     if style != "numeric" and (style in _MARKS or dialect.name == "postgresql"):
-        return None
-    return (
+        return
+    raise InvalidArgument(
         f"the engine binds parameters in the {style!r} paramstyle, which dibs does not write its statements in; "
         f"make it without paramstyle= (the driver's default, {dialect.loaded_dbapi.paramstyle!r}), or with "
         f"{', '.join(map(repr, _MARKS))} where the driver takes it"

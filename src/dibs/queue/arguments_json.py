@@ -36,7 +36,8 @@ _ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 #: exactly as the standard encoder does (integers within 64 bits; orjson refuses larger ones, which then go
 #: to the standard encoder).
 _PLAIN = frozenset({str, int, bool, type(None)})
-_NAMES = frozenset({str})
+#: The type of argument names their JSON keeps as they are.
+NAMES = frozenset({str})
 #: orjson, or None for the standard encoder alone.
 FAST_DUMPS = _fast_dumps()
 #: The standard decoder's scanner, in C: one call reads a JSON value that starts at an index (stored arguments,
@@ -63,7 +64,7 @@ def encoded(arguments: Mapping[str, Any]) -> tuple[str, dict[str, Any] | None]:
     fast = _orjson_text(arguments)
     if fast is not None:  # orjson takes names of exactly str only
         return fast, dict(arguments)
-    plain = _NAMES.issuperset(map(type, arguments))
+    plain = NAMES.issuperset(map(type, arguments))
     return standard_encode(arguments), dict(arguments) if plain else None
 
 

@@ -22,7 +22,7 @@ from dibs._errors import DibsError, InvalidArgument, UnknownQueue, UnknownTask
 from dibs.dialects import Backend, backend_for
 from dibs.dialects.base import resolve_times
 from dibs.dialects.inserts import Returning
-from dibs.queue.arguments_json import encoded
+from dibs.queue.arguments_json import NAMES, encoded
 from dibs.queue.dependencies import link, parent_ids
 from dibs.queue.job import Job
 from dibs.queue.task import TASK_NAME_LIMIT, Task
@@ -43,7 +43,6 @@ CHANNEL = "dibs_jobs"
 _DELAY = "dibs_delay"
 _RUN_AT = "dibs_run_at"
 KEY_LIMIT = 200
-_NAMES = frozenset({str})
 #: How many times a dedupe insert is tried when the live job it collided with finished before it was read.
 _DEDUPE_TRIES = 5
 
@@ -155,7 +154,7 @@ def checked_parent_failure(policy: object) -> str:
 
 def checked_arguments(task: Task, arguments: Any) -> Mapping[str, Any]:
     """A job's arguments, if they are a dict of argument names."""
-    if type(arguments) is dict and _NAMES.issuperset(map(type, arguments)):
+    if type(arguments) is dict and NAMES.issuperset(map(type, arguments)):
         return arguments  # the common case, at half the cost of the general check
     if not isinstance(arguments, Mapping) or not all(map(isinstance, arguments, repeat(str))):
         raise InvalidArgument(

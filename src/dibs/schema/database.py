@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 
 from dibs._errors import InvalidArgument
-from dibs.dialects.batch import paramstyle_refusal
+from dibs.dialects.batch import check_paramstyle
 from dibs.dialects.sqlite import private_to_each_connection
 from dibs.engine import checked_url, create_engine, database_url, shown_url
 from dibs.schema.migrations import migrate
@@ -23,9 +23,7 @@ class DibsDatabase:
 
     def __init__(self, db: str | Engine | None = None) -> None:
         if isinstance(db, Engine):
-            refusal = paramstyle_refusal(db.dialect)
-            if refusal is not None:  # the caller's engine: refused, left as it is
-                raise InvalidArgument(refusal)
+            check_paramstyle(db.dialect)  # the caller's engine: refused, left as it is
             self._engine: Engine | None = db
             #: The database's URL, its password hidden.
             self.url = shown_url(db.url)
